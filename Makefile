@@ -1,0 +1,38 @@
+# Every target bootstraps .venv on first use, so each works on a fresh clone.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+
+export SPARK_LOCAL_IP ?= 127.0.0.1
+export PYSPARK_PYTHON := $(abspath $(PY))
+export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
+
+.PHONY: demo test faults bench proto lint clean
+
+$(STAMP): setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+demo: $(STAMP)  ## start the embedded broker and run the demo pipeline
+	$(PY) spark_jobs/demo.py $(ARGS)
+
+test: $(STAMP)  ## the whole test suite (what CI runs)
+	$(PY) -m pytest $(ARGS)
+
+faults: $(STAMP)  ## the long versions of the fault scenarios
+	ORDERLYMQ_FAULTS=long $(PY) -m pytest tests/faults $(ARGS)
+
+bench: $(STAMP)  ## benchmarks: prints a table, writes bench-results.json
+	$(PY) spark_jobs/bench.py $(ARGS)
+
+proto: $(STAMP)  ## regenerate the gRPC stubs from broker/proto/orderlymq.proto
+	$(PY) -m grpc_tools.protoc -I . --python_out=. --grpc_python_out=. --pyi_out=. broker/proto/orderlymq.proto
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+clean:
+	rm -rf $(VENV) data bench-results.json

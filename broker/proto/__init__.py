@@ -1,0 +1,1 @@
+"""Generated gRPC stubs of the orderlymq.v1 wire API (regenerate with ``make proto``)."""

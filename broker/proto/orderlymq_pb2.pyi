@@ -1,0 +1,335 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class TopicRoute(_message.Message):
+    __slots__ = ("topic", "broker_name", "queue_count")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    broker_name: str
+    queue_count: int
+    def __init__(self, topic: _Optional[str] = ..., broker_name: _Optional[str] = ..., queue_count: _Optional[int] = ...) -> None: ...
+
+class CreateTopicRequest(_message.Message):
+    __slots__ = ("topic", "queue_count", "if_not_exists")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    IF_NOT_EXISTS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    queue_count: int
+    if_not_exists: bool
+    def __init__(self, topic: _Optional[str] = ..., queue_count: _Optional[int] = ..., if_not_exists: _Optional[bool] = ...) -> None: ...
+
+class UpdateTopicRequest(_message.Message):
+    __slots__ = ("topic", "queue_count")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    queue_count: int
+    def __init__(self, topic: _Optional[str] = ..., queue_count: _Optional[int] = ...) -> None: ...
+
+class DescribeTopicRequest(_message.Message):
+    __slots__ = ("topic",)
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    def __init__(self, topic: _Optional[str] = ...) -> None: ...
+
+class ListTopicsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListTopicsResponse(_message.Message):
+    __slots__ = ("topics",)
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    topics: _containers.RepeatedCompositeFieldContainer[TopicRoute]
+    def __init__(self, topics: _Optional[_Iterable[_Union[TopicRoute, _Mapping]]] = ...) -> None: ...
+
+class DeleteTopicRequest(_message.Message):
+    __slots__ = ("topic",)
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    def __init__(self, topic: _Optional[str] = ...) -> None: ...
+
+class DeleteTopicResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class SendRequest(_message.Message):
+    __slots__ = ("topic", "queue_id", "batch", "txn_id", "producer_id", "sequence")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    TXN_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    queue_id: int
+    batch: bytes
+    txn_id: str
+    producer_id: str
+    sequence: int
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., batch: _Optional[bytes] = ..., txn_id: _Optional[str] = ..., producer_id: _Optional[str] = ..., sequence: _Optional[int] = ...) -> None: ...
+
+class SendResponse(_message.Message):
+    __slots__ = ("base_offset", "count", "store_timestamp", "duplicate", "queue_id", "error_code", "error_kind", "error_message")
+    BASE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    STORE_TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_KIND_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    base_offset: int
+    count: int
+    store_timestamp: int
+    duplicate: bool
+    queue_id: int
+    error_code: int
+    error_kind: str
+    error_message: str
+    def __init__(self, base_offset: _Optional[int] = ..., count: _Optional[int] = ..., store_timestamp: _Optional[int] = ..., duplicate: _Optional[bool] = ..., queue_id: _Optional[int] = ..., error_code: _Optional[int] = ..., error_kind: _Optional[str] = ..., error_message: _Optional[str] = ...) -> None: ...
+
+class PullRequest(_message.Message):
+    __slots__ = ("topic", "queue_id", "offset", "max_messages", "max_bytes", "wait_ms", "tag_expression", "group", "client_id", "epoch")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MAX_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    TAG_EXPRESSION_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    queue_id: int
+    offset: int
+    max_messages: int
+    max_bytes: int
+    wait_ms: int
+    tag_expression: str
+    group: str
+    client_id: str
+    epoch: int
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., offset: _Optional[int] = ..., max_messages: _Optional[int] = ..., max_bytes: _Optional[int] = ..., wait_ms: _Optional[int] = ..., tag_expression: _Optional[str] = ..., group: _Optional[str] = ..., client_id: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
+
+class PullResponse(_message.Message):
+    __slots__ = ("batches", "next_offset", "min_offset", "max_offset", "count")
+    BATCHES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MIN_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MAX_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    batches: _containers.RepeatedScalarFieldContainer[bytes]
+    next_offset: int
+    min_offset: int
+    max_offset: int
+    count: int
+    def __init__(self, batches: _Optional[_Iterable[bytes]] = ..., next_offset: _Optional[int] = ..., min_offset: _Optional[int] = ..., max_offset: _Optional[int] = ..., count: _Optional[int] = ...) -> None: ...
+
+class QueryOffsetsRequest(_message.Message):
+    __slots__ = ("topic", "queue_id", "timestamp", "has_timestamp")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    HAS_TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    queue_id: int
+    timestamp: int
+    has_timestamp: bool
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., timestamp: _Optional[int] = ..., has_timestamp: _Optional[bool] = ...) -> None: ...
+
+class QueryOffsetsResponse(_message.Message):
+    __slots__ = ("min_offset", "max_offset", "offset_for_timestamp")
+    MIN_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MAX_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FOR_TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    min_offset: int
+    max_offset: int
+    offset_for_timestamp: int
+    def __init__(self, min_offset: _Optional[int] = ..., max_offset: _Optional[int] = ..., offset_for_timestamp: _Optional[int] = ...) -> None: ...
+
+class CommitOffsetRequest(_message.Message):
+    __slots__ = ("group", "topic", "queue_id", "offset", "client_id", "epoch")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    topic: str
+    queue_id: int
+    offset: int
+    client_id: str
+    epoch: int
+    def __init__(self, group: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., offset: _Optional[int] = ..., client_id: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
+
+class CommitOffsetResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetOffsetRequest(_message.Message):
+    __slots__ = ("group", "topic", "queue_id")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    topic: str
+    queue_id: int
+    def __init__(self, group: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ...) -> None: ...
+
+class GetOffsetResponse(_message.Message):
+    __slots__ = ("offset",)
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    offset: int
+    def __init__(self, offset: _Optional[int] = ...) -> None: ...
+
+class QueueLock(_message.Message):
+    __slots__ = ("topic", "queue_id", "epoch", "client_id", "expires_at_ms")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    queue_id: int
+    epoch: int
+    client_id: str
+    expires_at_ms: int
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., epoch: _Optional[int] = ..., client_id: _Optional[str] = ..., expires_at_ms: _Optional[int] = ...) -> None: ...
+
+class LockBatchRequest(_message.Message):
+    __slots__ = ("group", "client_id", "topic", "queue_ids")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_IDS_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    client_id: str
+    topic: str
+    queue_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, group: _Optional[str] = ..., client_id: _Optional[str] = ..., topic: _Optional[str] = ..., queue_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class LockBatchResponse(_message.Message):
+    __slots__ = ("locked",)
+    LOCKED_FIELD_NUMBER: _ClassVar[int]
+    locked: _containers.RepeatedCompositeFieldContainer[QueueLock]
+    def __init__(self, locked: _Optional[_Iterable[_Union[QueueLock, _Mapping]]] = ...) -> None: ...
+
+class UnlockBatchRequest(_message.Message):
+    __slots__ = ("group", "client_id", "topic", "queue_ids")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_IDS_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    client_id: str
+    topic: str
+    queue_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, group: _Optional[str] = ..., client_id: _Optional[str] = ..., topic: _Optional[str] = ..., queue_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class UnlockBatchResponse(_message.Message):
+    __slots__ = ("unlocked",)
+    UNLOCKED_FIELD_NUMBER: _ClassVar[int]
+    unlocked: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, unlocked: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class QueryLocksRequest(_message.Message):
+    __slots__ = ("group", "topic")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    topic: str
+    def __init__(self, group: _Optional[str] = ..., topic: _Optional[str] = ...) -> None: ...
+
+class QueryLocksResponse(_message.Message):
+    __slots__ = ("locks",)
+    LOCKS_FIELD_NUMBER: _ClassVar[int]
+    locks: _containers.RepeatedCompositeFieldContainer[QueueLock]
+    def __init__(self, locks: _Optional[_Iterable[_Union[QueueLock, _Mapping]]] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("group", "client_id", "topics")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    client_id: str
+    topics: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, group: _Optional[str] = ..., client_id: _Optional[str] = ..., topics: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class HeartbeatResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListConsumersRequest(_message.Message):
+    __slots__ = ("group",)
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    def __init__(self, group: _Optional[str] = ...) -> None: ...
+
+class ListConsumersResponse(_message.Message):
+    __slots__ = ("client_ids",)
+    CLIENT_IDS_FIELD_NUMBER: _ClassVar[int]
+    client_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, client_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class BeginTxnRequest(_message.Message):
+    __slots__ = ("txn_id", "timeout_ms")
+    TXN_ID_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    txn_id: str
+    timeout_ms: int
+    def __init__(self, txn_id: _Optional[str] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class BeginTxnResponse(_message.Message):
+    __slots__ = ("state",)
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    state: str
+    def __init__(self, state: _Optional[str] = ...) -> None: ...
+
+class CommitTxnRequest(_message.Message):
+    __slots__ = ("txn_id",)
+    TXN_ID_FIELD_NUMBER: _ClassVar[int]
+    txn_id: str
+    def __init__(self, txn_id: _Optional[str] = ...) -> None: ...
+
+class CommitTxnResponse(_message.Message):
+    __slots__ = ("already_committed", "count")
+    ALREADY_COMMITTED_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    already_committed: bool
+    count: int
+    def __init__(self, already_committed: _Optional[bool] = ..., count: _Optional[int] = ...) -> None: ...
+
+class AbortTxnRequest(_message.Message):
+    __slots__ = ("txn_id",)
+    TXN_ID_FIELD_NUMBER: _ClassVar[int]
+    txn_id: str
+    def __init__(self, txn_id: _Optional[str] = ...) -> None: ...
+
+class AbortTxnResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class HealthRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class HealthResponse(_message.Message):
+    __slots__ = ("status", "broker_name", "version")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    status: str
+    broker_name: str
+    version: str
+    def __init__(self, status: _Optional[str] = ..., broker_name: _Optional[str] = ..., version: _Optional[str] = ...) -> None: ...

@@ -1,0 +1,1 @@
+"""The wire layer shared by broker and client: error tree, Arrow batch codec, routing."""

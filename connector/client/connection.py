@@ -1,0 +1,137 @@
+"""The client's one transport: a gRPC channel to a broker, with error translation and retries.
+
+Every RPC goes through ``BrokerConnection.call``, the only place a ``grpc.RpcError`` becomes an
+``OrderlyMQError``. Calls that are safe to repeat are retried with backoff while the broker is
+unavailable; after ``retry_timeout`` seconds a ``BrokerUnavailableError`` names the address.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from typing import Any
+
+import grpc
+
+from broker.proto import orderlymq_pb2 as pb
+from broker.proto import orderlymq_pb2_grpc as pb_grpc
+from broker.wire.errors import BrokerUnavailableError, InvalidOptionError, from_rpc_error
+
+__all__ = ["MAX_MESSAGE_BYTES", "BrokerConnection", "parse_brokers", "pb"]
+
+MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.enable_retries", 0),
+    ("grpc.keepalive_time_ms", 30_000),
+]
+
+
+def parse_brokers(brokers: str) -> list[str]:
+    """``"host:port[,host:port]"`` as a list; ``InvalidOptionError`` when malformed."""
+    if not isinstance(brokers, str) or not brokers.strip():
+        raise InvalidOptionError("option 'brokers' is required, e.g. brokers='127.0.0.1:9876'")
+    out = []
+    for part in brokers.split(","):
+        addr = part.strip()
+        host, sep, port = addr.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise InvalidOptionError(f"broker address {addr!r} is not host:port (in brokers={brokers!r})")
+        out.append(addr)
+    return out
+
+
+class BrokerConnection:
+    """A channel to the first reachable broker of ``brokers``; thread-safe, cheap to share.
+
+    Parameters
+    ----------
+    brokers : str
+        ``"host:port[,host:port]"``; later addresses are tried when earlier ones are down.
+    timeout : float
+        Deadline in seconds of one RPC attempt (long polls add their wait to it).
+    retry_timeout : float
+        How long retryable calls keep retrying an unavailable broker before giving up.
+    """
+
+    def __init__(self, brokers: str, *, timeout: float = 30.0, retry_timeout: float = 30.0) -> None:
+        self.addresses = parse_brokers(brokers)
+        self.timeout = timeout
+        self.retry_timeout = retry_timeout
+        self._lock = threading.Lock()
+        self._index = 0
+        self._channel: grpc.Channel | None = None
+        self._stub: pb_grpc.OrderlyMQStub | None = None
+
+    @property
+    def address(self) -> str:
+        return self.addresses[self._index]
+
+    @property
+    def stub(self) -> pb_grpc.OrderlyMQStub:
+        with self._lock:
+            if self._stub is None:
+                self._channel = grpc.insecure_channel(self.address, options=CHANNEL_OPTIONS)
+                self._stub = pb_grpc.OrderlyMQStub(self._channel)
+            return self._stub
+
+    def _fail_over(self) -> None:
+        with self._lock:
+            if len(self.addresses) > 1:
+                if self._channel is not None:
+                    self._channel.close()
+                self._channel = self._stub = None
+                self._index = (self._index + 1) % len(self.addresses)
+
+    def call(self, method: str, request: Any, *, timeout: float | None = None, retry: bool = True) -> Any:
+        """Invoke RPC ``method`` (e.g. ``"Pull"``); raise the ``OrderlyMQError`` it failed with.
+
+        With ``retry``, an unavailable broker is retried with jittered backoff until
+        ``retry_timeout`` has passed. Only pass ``retry=True`` for calls that are safe to repeat.
+        """
+        deadline = time.monotonic() + self.retry_timeout
+        delay = 0.05
+        while True:
+            try:
+                return getattr(self.stub, method)(request, timeout=timeout or self.timeout)
+            except grpc.RpcError as err:
+                error = from_rpc_error(err)
+                if not (retry and isinstance(error, BrokerUnavailableError)):
+                    raise error from None
+                if time.monotonic() + delay > deadline:
+                    raise BrokerUnavailableError(
+                        f"broker {self.address} unavailable for {self.retry_timeout:.0f}s "
+                        f"(last error: {error}); is it running? start one with `orderlymq-broker`"
+                    ) from None
+                self._fail_over()
+                time.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, 1.0)
+
+    def stream(self, method: str, requests, *, timeout: float | None = None):
+        """Open a bidirectional stream (``SendStream``); errors on iteration are translated."""
+        try:
+            for response in getattr(self.stub, method)(requests, timeout=timeout):
+                yield response
+        except grpc.RpcError as err:
+            raise from_rpc_error(err) from None
+
+    def close(self) -> None:
+        with self._lock:
+            if self._channel is not None:
+                self._channel.close()
+            self._channel = self._stub = None
+
+    def __enter__(self) -> BrokerConnection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict:
+        # Picklable for Spark: ship the addresses, reopen the channel on the other side.
+        return {"addresses": self.addresses, "timeout": self.timeout, "retry_timeout": self.retry_timeout}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(",".join(state["addresses"]), timeout=state["timeout"], retry_timeout=state["retry_timeout"])

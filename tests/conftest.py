@@ -1,0 +1,65 @@
+"""Shared fixtures: a real broker on an ephemeral loopback port, and one SparkSession per run."""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+
+@pytest.fixture
+def broker_factory(tmp_path):
+    """Start in-process brokers with config overrides: ``broker_factory(lock_lease_ms=500)``."""
+    from broker.config import BrokerConfig
+    from broker.server import start_broker
+
+    started = []
+
+    def start(data_dir: Path | None = None, **overrides):
+        config = BrokerConfig(port=0, data_dir=str(data_dir or tmp_path / f"broker-{len(started)}"), **overrides)
+        running = start_broker(config)
+        started.append(running)
+        return running
+
+    yield start
+    for running in started:
+        running.stop()
+
+
+@pytest.fixture
+def broker(broker_factory):
+    """A fresh real broker (gRPC on 127.0.0.1, temp data dir); ``broker.address`` is host:port."""
+    return broker_factory()
+
+
+@pytest.fixture
+def topic_name():
+    """A unique topic name per test."""
+    return f"t-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local[2] SparkSession for the whole run (starting one costs ~10 s)."""
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("orderlymq-tests")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.streaming.stopTimeout", "30s")
+        .config("spark.driver.extraJavaOptions", f"-Dlog4j.configurationFile={ROOT / 'conf' / 'log4j2.properties'}")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("WARN")
+    yield session
+    session.stop()
