@@ -1,0 +1,215 @@
+"""The broker's configuration: one frozen dataclass, validated on construction.
+
+Sources, lowest precedence first: the defaults below, a TOML file (``BrokerConfig.from_toml``,
+every setting under one ``[broker]`` table, see ``conf/broker.toml``), then command-line overrides
+(``config.with_overrides(...)``). Every error names the setting and what it accepts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from broker.wire.errors import InvalidOptionError
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the same parser as a package
+    import tomli as tomllib  # type: ignore[no-redef]
+
+__all__ = ["BrokerConfig", "TOML_TABLE"]
+
+TOML_TABLE = "broker"
+
+KIB = 1024
+MIB = 1024 * KIB
+_INT32_MAX = 2**31 - 1  # gRPC message limits and segment positions are 32-bit
+_LOG_LEVELS = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG")
+_BROKER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    """Settings of one broker process; durations are milliseconds, sizes bytes.
+
+    Attributes
+    ----------
+    host, port : str, int
+        gRPC listen address; port 0 picks a free port.
+    data_dir : str
+        Root of every file the broker writes (logs, offsets, locks, transactions).
+    broker_name : str
+        The name in every route (RocketMQ's ``brokerName``).
+    flush : {"sync", "async"}
+        ``sync`` acknowledges a send only after fsync; ``async`` fsyncs every ``flush_interval_ms``.
+    flush_interval_ms : int
+        Period of the background fsync in ``async`` mode.
+    segment_bytes, index_interval_bytes : int
+        Size at which a queue's log rolls to a new segment; bytes of log between sparse index entries.
+    retention_ms, retention_bytes : int
+        Delete whole segments older than this / beyond this size per queue; 0 keeps forever / unlimited.
+    retention_check_interval_ms : int
+        How often retention runs.
+    lock_lease_ms : int
+        A queue lock expires this long after its last renewal.
+    consumer_timeout_ms : int
+        A consumer leaves its group this long after its last heartbeat.
+    txn_timeout_ms : int
+        Default time a transaction may stay idle before it is aborted.
+    max_request_bytes : int
+        Largest gRPC message accepted or sent.
+    max_pull_messages, max_pull_bytes : int
+        Pull limits used when a request asks for 0 (and upper bounds of what it may ask).
+    max_wait_ms : int
+        Upper bound of a long-polling pull's wait.
+    workers : int
+        Threads serving gRPC calls.
+    log_level : str
+        One of CRITICAL, ERROR, WARNING, INFO, DEBUG (any case).
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 9876
+    data_dir: str = "data"
+    broker_name: str = "broker-a"
+    flush: str = "async"
+    flush_interval_ms: int = 200
+    segment_bytes: int = 64 * MIB
+    index_interval_bytes: int = 4 * KIB
+    retention_ms: int = 7 * 24 * 3600 * 1000
+    retention_bytes: int = 0
+    retention_check_interval_ms: int = 60_000
+    lock_lease_ms: int = 60_000
+    consumer_timeout_ms: int = 30_000
+    txn_timeout_ms: int = 60_000
+    max_request_bytes: int = 128 * MIB
+    max_pull_messages: int = 10_000
+    max_pull_bytes: int = 16 * MIB
+    max_wait_ms: int = 30_000
+    workers: int = 16
+    log_level: str = "INFO"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.data_dir, os.PathLike):
+            object.__setattr__(self, "data_dir", os.fspath(self.data_dir))
+        if isinstance(self.log_level, str):
+            object.__setattr__(self, "log_level", self.log_level.upper())
+        for name, (low, high, unit) in _INT_RANGES.items():
+            _check_int(name, getattr(self, name), low, high, unit)
+        _check_text("host", self.host)
+        _check_text("data_dir", self.data_dir)
+        if not isinstance(self.broker_name, str) or not _BROKER_NAME.match(self.broker_name):
+            raise InvalidOptionError(
+                "broker_name must be 1-128 characters of letters, digits, '.', '_' or '-' starting with a letter "
+                f"or digit, got {self.broker_name!r}"
+            )
+        if self.flush not in ("sync", "async"):
+            raise InvalidOptionError(f"flush must be 'sync' or 'async', got {self.flush!r}")
+        if self.log_level not in _LOG_LEVELS:
+            raise InvalidOptionError(f"log_level must be one of {', '.join(_LOG_LEVELS)}, got {self.log_level!r}")
+
+    @property
+    def data_path(self) -> Path:
+        """``data_dir`` as a ``Path``."""
+        return Path(self.data_dir)
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        """Every setting's name, in declaration order."""
+        return [f.name for f in dataclasses.fields(cls)]
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> BrokerConfig:
+        """A config from ``{setting: value}``; settings left out keep their defaults.
+
+        Raises
+        ------
+        InvalidOptionError
+            An unknown setting (the message lists the valid ones) or a bad value.
+        """
+        _check_names(values)
+        return cls(**dict(values))
+
+    @classmethod
+    def from_toml(cls, path: str | os.PathLike[str]) -> BrokerConfig:
+        """A config from a TOML file holding settings under one ``[broker]`` table.
+
+        Raises
+        ------
+        InvalidOptionError
+            The file is missing or not TOML, has anything beside ``[broker]``, or holds an
+            unknown setting or a bad value; the message names the file and the key.
+        """
+        path = Path(path)
+        try:
+            with path.open("rb") as f:
+                document = tomllib.load(f)
+        except FileNotFoundError:
+            raise InvalidOptionError(f"broker config file {path} does not exist") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise InvalidOptionError(f"broker config file {path} is not valid TOML: {exc}") from None
+        extra = sorted(set(document) - {TOML_TABLE})
+        if extra:
+            raise InvalidOptionError(
+                f"{path}: unknown top-level key {extra[0]!r}; every setting goes under the [{TOML_TABLE}] table"
+            )
+        table = document.get(TOML_TABLE, {})
+        if not isinstance(table, dict):
+            raise InvalidOptionError(f"{path}: {TOML_TABLE!r} must be a table ([{TOML_TABLE}])")
+        try:
+            return cls.from_mapping(table)
+        except InvalidOptionError as exc:
+            raise InvalidOptionError(f"{path}: {exc}") from None
+
+    def with_overrides(self, **overrides: Any) -> BrokerConfig:
+        """A copy with the given settings replaced; ``None`` values are ignored (an option not given)."""
+        given = {name: value for name, value in overrides.items() if value is not None}
+        _check_names(given)
+        return dataclasses.replace(self, **given)
+
+
+# (minimum, maximum, what the number counts) for every integer setting.
+_INT_RANGES: dict[str, tuple[int, int | None, str]] = {
+    "port": (0, 65_535, ""),
+    "flush_interval_ms": (1, None, "milliseconds"),
+    "segment_bytes": (1, _INT32_MAX, "bytes"),
+    "index_interval_bytes": (1, _INT32_MAX, "bytes"),
+    "retention_ms": (0, None, "milliseconds, 0 keeps messages forever"),
+    "retention_bytes": (0, None, "bytes per queue, 0 is unlimited"),
+    "retention_check_interval_ms": (1, None, "milliseconds"),
+    "lock_lease_ms": (1, None, "milliseconds"),
+    "consumer_timeout_ms": (1, None, "milliseconds"),
+    "txn_timeout_ms": (1, None, "milliseconds"),
+    "max_request_bytes": (1, _INT32_MAX, "bytes"),
+    "max_pull_messages": (1, _INT32_MAX, "messages"),
+    "max_pull_bytes": (1, _INT32_MAX, "bytes"),
+    "max_wait_ms": (0, _INT32_MAX, "milliseconds"),
+    "workers": (1, 1024, "threads"),
+}
+
+
+def _check_int(name: str, value: Any, low: int, high: int | None, unit: str) -> None:
+    # bool is an int subclass, but `port = true` is a mistake, not port 1.
+    ok = isinstance(value, int) and not isinstance(value, bool) and value >= low and (high is None or value <= high)
+    if ok:
+        return
+    allowed = f"an integer >= {low}" if high is None else f"an integer in {low}..{high}"
+    unit = f" ({unit})" if unit else ""
+    raise InvalidOptionError(f"{name} must be {allowed}{unit}, got {value!r}")
+
+
+def _check_text(name: str, value: Any) -> None:
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidOptionError(f"{name} must be a non-empty string, got {value!r}")
+
+
+def _check_names(values: Mapping[str, Any]) -> None:
+    valid = BrokerConfig.field_names()
+    for name in values:
+        if name not in valid:
+            raise InvalidOptionError(f"unknown broker setting {name!r}; valid settings: {', '.join(valid)}")
