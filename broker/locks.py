@@ -1,0 +1,234 @@
+"""Queue locks with leases, as RocketMQ's RebalanceLockManager, plus fencing epochs.
+
+The lock table maps ``(group, topic, queue_id)`` to ``(client_id, lease expiry)``:
+
+- a queue that is free, or whose lease expired, goes to the client that asks;
+- the holder asking again renews its lease;
+- any other client is refused until the lease expires (no error: it is simply not in the answer);
+- an unlock by a client that does not hold the queue changes nothing.
+
+On top of RocketMQ, every queue carries a fencing epoch that grows each time a lock is granted
+other than as a renewal of a live lock by the same client (a new holder, or the same client after
+its lease expired or it unlocked). Pulls and offset commits carry the epoch and ``check`` refuses a
+stale one, so a consumer that lost its lock (a GC pause, a partition) cannot commit over its successor.
+
+Locks live in memory only, as in RocketMQ: after a broker restart no queue is locked. Epochs are
+persisted on every bump (before the grant is returned), so the first grant after a restart gets an
+epoch above any handed out before it, and every old holder is fenced.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from broker.persist import read_json, wall_ms, write_json_atomic
+from broker.wire.errors import FencedError, InternalBrokerError, InvalidRequestError
+
+__all__ = ["LockInfo", "LockManager"]
+
+_STATE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class LockInfo:
+    """A live queue lock: who holds it, with which epoch, until when (ms since the epoch)."""
+
+    topic: str
+    queue_id: int
+    client_id: str
+    epoch: int
+    expires_at_ms: int
+
+
+@dataclass
+class _Entry:
+    client_id: str
+    expires_at_ms: int
+
+
+class LockManager:
+    """Leased queue locks per consumer group, with a fencing epoch per (group, topic, queue).
+
+    Parameters
+    ----------
+    state_path : Path or None
+        JSON file holding the epochs; None keeps them in memory only (epochs then restart at 1 with
+        a new manager, so use it only where no restart has to be survived).
+    lease_ms : int
+        A lock expires this long after its last grant or renewal.
+    clock : callable returning int
+        Current time in ms; injected by tests.
+
+    Notes
+    -----
+    Thread-safe: one mutex guards the table; the epoch file is written under it, but only when an
+    epoch changes (holder changes), never on renewals. A lease is live while ``now < expires_at_ms``.
+    """
+
+    def __init__(self, state_path: Path | None, lease_ms: int = 60_000, clock: Callable[[], int] = wall_ms):
+        if not isinstance(lease_ms, int) or isinstance(lease_ms, bool) or lease_ms <= 0:
+            raise InvalidRequestError(f"lock lease_ms must be a positive integer, got {lease_ms!r}")
+        self._path = Path(state_path) if state_path is not None else None
+        self._lease_ms = lease_ms
+        self._clock = clock
+        self._mutex = threading.Lock()
+        self._locks: dict[tuple[str, str], dict[int, _Entry]] = {}
+        self._epochs: dict[tuple[str, str], dict[int, int]] = {}
+        # Epochs of dropped topics are forgotten, but a queue without a recorded epoch starts above
+        # this floor, so a topic deleted and created again never hands out an epoch seen before.
+        self._floor = 0
+        self._load()
+
+    @property
+    def lease_ms(self) -> int:
+        return self._lease_ms
+
+    def lock_batch(self, group: str, client_id: str, topic: str, queue_ids: Iterable[int]) -> dict[int, int]:
+        """Lock or renew queues for ``client_id``.
+
+        Returns
+        -------
+        dict[int, int]
+            ``queue_id -> epoch`` for exactly those of ``queue_ids`` that ``client_id`` holds after
+            the call; queues held by another live client are left out.
+        """
+        _check_names(group=group, client_id=client_id, topic=topic)
+        wanted = _check_queue_ids(queue_ids)
+        with self._mutex:
+            now = self._clock()
+            table = self._locks.setdefault((group, topic), {})
+            epochs = self._epochs.get((group, topic), {})
+            new_epochs = dict(epochs)
+            granted: dict[int, int] = {}
+            for qid in wanted:
+                entry = table.get(qid)
+                live = entry is not None and now < entry.expires_at_ms
+                if live and entry.client_id != client_id:
+                    continue  # held by someone else: refused until the lease expires
+                if not live:
+                    # A new holder, or the same client after its lease lapsed: fence older epochs.
+                    new_epochs[qid] = max(new_epochs.get(qid, 0), self._floor) + 1
+                granted[qid] = new_epochs[qid]
+            if new_epochs != epochs:
+                # Durable before any grant is visible, so a restart can never reissue an epoch.
+                self._save({**self._epochs, (group, topic): new_epochs}, self._floor)
+                self._epochs[(group, topic)] = new_epochs
+            for qid in granted:
+                table[qid] = _Entry(client_id, now + self._lease_ms)
+            return granted
+
+    def unlock_batch(self, group: str, client_id: str, topic: str, queue_ids: Iterable[int]) -> list[int]:
+        """Release those of ``queue_ids`` that ``client_id`` holds; others are left untouched.
+
+        Returns
+        -------
+        list[int]
+            The queue ids released, sorted: those whose lock entry belonged to ``client_id``
+            (an entry whose lease lapsed but that nobody took over counts, and is removed too).
+        """
+        _check_names(group=group, client_id=client_id, topic=topic)
+        wanted = _check_queue_ids(queue_ids)
+        with self._mutex:
+            table = self._locks.get((group, topic), {})
+            released = [qid for qid in wanted if qid in table and table[qid].client_id == client_id]
+            for qid in released:
+                del table[qid]
+            return sorted(released)
+
+    def check(self, group: str, topic: str, queue_id: int, client_id: str, epoch: int) -> None:
+        """Pass only if ``client_id`` holds a live lock on the queue at exactly ``epoch``.
+
+        Does not renew the lease (only ``lock_batch`` does, as in RocketMQ).
+
+        Raises
+        ------
+        FencedError
+            Naming the current holder and epoch, and telling the caller to re-lock the queue.
+        """
+        _check_names(group=group, client_id=client_id, topic=topic)
+        with self._mutex:
+            now = self._clock()
+            entry = self._locks.get((group, topic), {}).get(queue_id)
+            current = self._epochs.get((group, topic), {}).get(queue_id, 0)
+            where = f"queue {topic}/{queue_id} of group {group!r}"
+            if entry is None or now >= entry.expires_at_ms:
+                lapsed = entry is not None and entry.client_id == client_id
+                why = f"the lock of {client_id!r} expired at {entry.expires_at_ms} ms" if lapsed else "nobody holds it"
+                raise FencedError(
+                    f"{where} is not locked ({why}; current epoch {current}), so client {client_id!r} with "
+                    f"epoch {epoch} is fenced; re-lock the queue and use the epoch LockBatch returns"
+                )
+            if entry.client_id != client_id:
+                raise FencedError(
+                    f"{where} is locked by client {entry.client_id!r} at epoch {current}, not by {client_id!r} "
+                    f"(epoch {epoch}); re-lock the queue once that lock is released or expires"
+                )
+            if epoch != current:
+                raise FencedError(
+                    f"stale epoch {epoch} for {where}: client {client_id!r} holds it at epoch {current}; "
+                    "re-lock the queue and use the epoch LockBatch returns"
+                )
+
+    def holders(self, group: str, topic: str) -> list[LockInfo]:
+        """The live locks of ``group`` on ``topic``, sorted by queue id."""
+        with self._mutex:
+            now = self._clock()
+            table = self._locks.get((group, topic), {})
+            epochs = self._epochs.get((group, topic), {})
+            return [
+                LockInfo(topic, qid, e.client_id, epochs.get(qid, 0), e.expires_at_ms)
+                for qid, e in sorted(table.items())
+                if now < e.expires_at_ms
+            ]
+
+    def drop_topic(self, topic: str) -> None:
+        """Forget every lock and epoch of ``topic`` (the topic was deleted)."""
+        with self._mutex:
+            keys = [key for key in self._epochs if key[1] == topic]
+            floor = max((e for key in keys for e in self._epochs[key].values()), default=0)
+            if keys:
+                remaining = {key: value for key, value in self._epochs.items() if key[1] != topic}
+                new_floor = max(self._floor, floor)
+                self._save(remaining, new_floor)
+                self._epochs, self._floor = remaining, new_floor
+            for key in [key for key in self._locks if key[1] == topic]:
+                del self._locks[key]
+
+    def _load(self) -> None:
+        if self._path is None:
+            return
+        state = read_json(self._path, None)
+        if state is None:
+            return
+        try:
+            if state.get("version") != _STATE_VERSION:
+                raise ValueError(f"unsupported version {state.get('version')!r}")
+            self._floor = int(state["floor"])
+            for group, topic, qid, epoch in state["epochs"]:
+                self._epochs.setdefault((str(group), str(topic)), {})[int(qid)] = int(epoch)
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            raise InternalBrokerError(f"lock epoch file {self._path} is not valid ({exc})") from exc
+
+    def _save(self, epochs: dict[tuple[str, str], dict[int, int]], floor: int) -> None:
+        if self._path is None:
+            return
+        rows = [[group, topic, qid, e] for (group, topic), per_queue in epochs.items() for qid, e in per_queue.items()]
+        write_json_atomic(self._path, {"version": _STATE_VERSION, "floor": floor, "epochs": rows})
+
+
+def _check_names(**names: object) -> None:
+    for what, value in names.items():
+        if not isinstance(value, str) or not value:
+            raise InvalidRequestError(f"{what} must be a non-empty string, got {value!r}")
+
+
+def _check_queue_ids(queue_ids: Iterable[int]) -> list[int]:
+    seen: dict[int, None] = {}
+    for qid in queue_ids:
+        if not isinstance(qid, int) or isinstance(qid, bool) or qid < 0:
+            raise InvalidRequestError(f"queue ids must be integers >= 0, got {qid!r}")
+        seen[qid] = None
+    return list(seen)

@@ -1,0 +1,279 @@
+"""LockManager: RocketMQ's lock rules one by one, fencing epochs, persistence, thread safety."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from broker.locks import LockInfo, LockManager
+from broker.wire.errors import FencedError, InvalidRequestError
+
+LEASE = 1_000
+
+
+class FakeClock:
+    def __init__(self, now: int = 1_000_000):
+        self.now = now
+
+    def __call__(self) -> int:
+        return self.now
+
+    def advance(self, ms: int) -> None:
+        self.now += ms
+
+
+@pytest.fixture
+def clock():
+    return FakeClock()
+
+
+@pytest.fixture
+def state_path(tmp_path):
+    return tmp_path / "locks" / "epochs.json"
+
+
+@pytest.fixture
+def locks(state_path, clock):
+    return LockManager(state_path, lease_ms=LEASE, clock=clock)
+
+
+def test_free_queue_goes_to_the_asker(locks):
+    assert locks.lock_batch("g", "A", "t", [0]) == {0: 1}
+    assert locks.holders("g", "t") == [LockInfo("t", 0, "A", 1, 1_000_000 + LEASE)]
+
+
+def test_holder_relocking_renews_the_lease_and_keeps_the_epoch(locks, clock):
+    assert locks.lock_batch("g", "A", "t", [0]) == {0: 1}
+    clock.advance(LEASE - 1)
+    assert locks.lock_batch("g", "A", "t", [0]) == {0: 1}
+    assert locks.holders("g", "t")[0].expires_at_ms == clock.now + LEASE
+    clock.advance(LEASE - 1)  # past the first lease, within the renewed one
+    assert locks.holders("g", "t")[0].client_id == "A"
+    locks.check("g", "t", 0, "A", 1)
+
+
+def test_other_client_refused_until_expiry(locks, clock):
+    locks.lock_batch("g", "A", "t", [0])
+    assert locks.lock_batch("g", "B", "t", [0]) == {}
+    clock.advance(LEASE - 1)
+    assert locks.lock_batch("g", "B", "t", [0]) == {}
+    assert locks.holders("g", "t")[0].client_id == "A"
+
+
+def test_expired_lock_goes_to_a_new_client_with_a_higher_epoch(locks, clock):
+    locks.lock_batch("g", "A", "t", [0])
+    clock.advance(LEASE)  # live while now < expires_at
+    assert locks.holders("g", "t") == []
+    assert locks.lock_batch("g", "B", "t", [0]) == {0: 2}
+    assert locks.holders("g", "t") == [LockInfo("t", 0, "B", 2, clock.now + LEASE)]
+    assert locks.lock_batch("g", "A", "t", [0]) == {}
+
+
+def test_same_client_after_expiry_gets_a_new_epoch(locks, clock):
+    assert locks.lock_batch("g", "A", "t", [0]) == {0: 1}
+    clock.advance(LEASE)
+    assert locks.lock_batch("g", "A", "t", [0]) == {0: 2}
+    with pytest.raises(FencedError, match="stale epoch 1"):
+        locks.check("g", "t", 0, "A", 1)
+    locks.check("g", "t", 0, "A", 2)
+
+
+def test_same_client_after_unlock_gets_a_new_epoch(locks):
+    assert locks.lock_batch("g", "A", "t", [0]) == {0: 1}
+    assert locks.unlock_batch("g", "A", "t", [0]) == [0]
+    assert locks.lock_batch("g", "A", "t", [0]) == {0: 2}
+
+
+def test_unlock_by_non_holder_changes_nothing(locks):
+    locks.lock_batch("g", "A", "t", [0, 1])
+    assert locks.unlock_batch("g", "B", "t", [0, 1, 2]) == []
+    assert [(h.queue_id, h.client_id, h.epoch) for h in locks.holders("g", "t")] == [(0, "A", 1), (1, "A", 1)]
+    assert locks.lock_batch("g", "B", "t", [0]) == {}
+
+
+def test_unlock_returns_exactly_what_was_released(locks):
+    locks.lock_batch("g", "A", "t", [0, 1])
+    locks.lock_batch("g", "B", "t", [2])
+    assert locks.unlock_batch("g", "A", "t", [2, 1, 0, 7]) == [0, 1]
+    assert [h.queue_id for h in locks.holders("g", "t")] == [2]
+    assert locks.lock_batch("g", "B", "t", [0]) == {0: 2}
+
+
+def test_lock_batch_returns_exactly_the_set_locked(locks):
+    locks.lock_batch("g", "B", "t", [1, 3])
+    assert locks.lock_batch("g", "A", "t", [0, 1, 2, 3, 4]) == {0: 1, 2: 1, 4: 1}
+    assert locks.lock_batch("g", "A", "t", []) == {}
+    assert locks.lock_batch("g", "A", "t", [0, 0, 2]) == {0: 1, 2: 1}
+
+
+def test_epoch_bumps_on_every_holder_change_not_on_renewal(locks, clock):
+    assert locks.lock_batch("g", "A", "t", [0]) == {0: 1}
+    assert locks.lock_batch("g", "A", "t", [0]) == {0: 1}  # renewal
+    clock.advance(LEASE)
+    assert locks.lock_batch("g", "B", "t", [0]) == {0: 2}  # holder change
+    assert locks.lock_batch("g", "B", "t", [0]) == {0: 2}  # renewal
+    clock.advance(LEASE)
+    assert locks.lock_batch("g", "A", "t", [0]) == {0: 3}  # holder change back
+
+
+def test_groups_topics_and_queues_are_independent(locks):
+    assert locks.lock_batch("g1", "A", "t", [0]) == {0: 1}
+    assert locks.lock_batch("g2", "B", "t", [0]) == {0: 1}
+    assert locks.lock_batch("g1", "C", "u", [0]) == {0: 1}
+    assert locks.lock_batch("g1", "C", "t", [1]) == {1: 1}
+    assert locks.holders("g1", "t") == [LockInfo("t", 0, "A", 1, 1_001_000), LockInfo("t", 1, "C", 1, 1_001_000)]
+
+
+def test_check_passes_for_live_holder_with_its_epoch(locks):
+    locks.lock_batch("g", "A", "t", [0])
+    locks.check("g", "t", 0, "A", 1)
+
+
+def test_check_refuses_stale_epoch(locks, clock):
+    locks.lock_batch("g", "A", "t", [0])
+    clock.advance(LEASE)
+    locks.lock_batch("g", "B", "t", [0])
+    clock.advance(LEASE)
+    locks.lock_batch("g", "A", "t", [0])  # A again, epoch 3
+    with pytest.raises(FencedError, match=r"stale epoch 1 for queue t/0 of group 'g'.*epoch 3.*re-lock the queue"):
+        locks.check("g", "t", 0, "A", 1)
+    with pytest.raises(FencedError, match="stale epoch 4"):
+        locks.check("g", "t", 0, "A", 4)
+
+
+def test_check_refuses_non_holder_naming_the_holder(locks):
+    locks.lock_batch("g", "A", "t", [0])
+    with pytest.raises(FencedError, match=r"locked by client 'A' at epoch 1, not by 'B'.*re-lock the queue"):
+        locks.check("g", "t", 0, "B", 1)
+
+
+def test_check_refuses_expired_lock(locks, clock):
+    locks.lock_batch("g", "A", "t", [0])
+    clock.advance(LEASE)
+    with pytest.raises(FencedError, match=r"not locked \(the lock of 'A' expired.*current epoch 1.*re-lock the queue"):
+        locks.check("g", "t", 0, "A", 1)
+
+
+def test_check_refuses_never_locked_queue(locks):
+    with pytest.raises(FencedError, match=r"not locked \(nobody holds it; current epoch 0\)"):
+        locks.check("g", "t", 5, "A", 1)
+
+
+def test_check_refuses_after_unlock(locks):
+    locks.lock_batch("g", "A", "t", [0])
+    locks.unlock_batch("g", "A", "t", [0])
+    with pytest.raises(FencedError, match="not locked"):
+        locks.check("g", "t", 0, "A", 1)
+
+
+def test_check_does_not_renew(locks, clock):
+    locks.lock_batch("g", "A", "t", [0])
+    clock.advance(LEASE - 1)
+    locks.check("g", "t", 0, "A", 1)
+    clock.advance(1)
+    with pytest.raises(FencedError):
+        locks.check("g", "t", 0, "A", 1)
+
+
+def test_epochs_persist_and_go_higher_after_restart(state_path, clock):
+    first = LockManager(state_path, lease_ms=LEASE, clock=clock)
+    assert first.lock_batch("g", "A", "t", [0, 1]) == {0: 1, 1: 1}
+    clock.advance(LEASE)
+    assert first.lock_batch("g", "B", "t", [0]) == {0: 2}
+
+    restarted = LockManager(state_path, lease_ms=LEASE, clock=clock)
+    assert restarted.holders("g", "t") == []  # locks are memory only
+    with pytest.raises(FencedError):
+        restarted.check("g", "t", 0, "B", 2)  # the old holder is fenced
+    assert restarted.lock_batch("g", "B", "t", [0, 1, 2]) == {0: 3, 1: 2, 2: 1}
+
+
+def test_renewals_do_not_rewrite_the_epoch_file(state_path, locks):
+    locks.lock_batch("g", "A", "t", [0])
+    assert state_path.exists()
+    state_path.unlink()
+    locks.lock_batch("g", "A", "t", [0])
+    assert not state_path.exists()
+
+
+def test_refused_lock_does_not_bump_the_epoch(locks):
+    locks.lock_batch("g", "A", "t", [0])
+    for _ in range(3):
+        assert locks.lock_batch("g", "B", "t", [0]) == {}
+    assert locks.holders("g", "t")[0].epoch == 1
+
+
+def test_memory_only_manager(clock):
+    locks = LockManager(None, lease_ms=LEASE, clock=clock)
+    assert locks.lock_batch("g", "A", "t", [0]) == {0: 1}
+
+
+def test_drop_topic_forgets_locks_but_never_reissues_an_epoch(state_path, locks, clock):
+    locks.lock_batch("g", "A", "t", [0])
+    clock.advance(LEASE)
+    locks.lock_batch("g", "B", "t", [0])
+    locks.lock_batch("g", "A", "other", [0])
+    locks.drop_topic("t")
+    assert locks.holders("g", "t") == []
+    assert [h.client_id for h in locks.holders("g", "other")] == ["A"]
+    assert locks.lock_batch("g", "B", "t", [0]) == {0: 3}
+    restarted = LockManager(state_path, lease_ms=LEASE, clock=clock)
+    assert restarted.lock_batch("g", "C", "t", [1]) == {1: 3}
+
+
+@pytest.mark.parametrize(
+    ("group", "client", "topic", "message"),
+    [
+        ("", "A", "t", "group must be a non-empty string"),
+        ("g", "", "t", "client_id must be a non-empty string"),
+        ("g", "A", "", "topic must be a non-empty string"),
+    ],
+)
+def test_empty_names_are_invalid(locks, group, client, topic, message):
+    with pytest.raises(InvalidRequestError, match=message):
+        locks.lock_batch(group, client, topic, [0])
+    with pytest.raises(InvalidRequestError, match=message):
+        locks.unlock_batch(group, client, topic, [0])
+    with pytest.raises(InvalidRequestError, match=message):
+        locks.check(group, topic, 0, client, 1)
+
+
+def test_bad_queue_ids_are_invalid(locks):
+    with pytest.raises(InvalidRequestError, match="queue ids must be integers >= 0, got -1"):
+        locks.lock_batch("g", "A", "t", [0, -1])
+    assert locks.holders("g", "t") == []
+    with pytest.raises(InvalidRequestError, match="queue ids"):
+        locks.unlock_batch("g", "A", "t", ["0"])
+
+
+def test_bad_lease_is_invalid(tmp_path):
+    with pytest.raises(InvalidRequestError, match="lease_ms"):
+        LockManager(None, lease_ms=0)
+
+
+def test_concurrent_clients_never_share_a_queue(state_path, clock):
+    locks = LockManager(state_path, lease_ms=LEASE, clock=clock)
+    queues = list(range(16))
+    results: dict[str, dict[int, int]] = {}
+    barrier = threading.Barrier(8)
+
+    def run(client: str) -> None:
+        barrier.wait()
+        got: dict[int, int] = {}
+        for _ in range(20):
+            got.update(locks.lock_batch("g", client, "t", queues))
+        results[client] = got
+
+    threads = [threading.Thread(target=run, args=(f"c{i}",)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    owners: dict[int, str] = {}
+    for client, got in results.items():
+        for qid in got:
+            assert qid not in owners, f"queue {qid} granted to {owners.get(qid)} and {client}"
+            owners[qid] = client
+    assert sorted(owners) == queues
+    assert all(h.epoch == 1 and owners[h.queue_id] == h.client_id for h in locks.holders("g", "t"))
