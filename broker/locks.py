@@ -149,6 +149,7 @@ class LockManager:
             Naming the current holder and epoch, and telling the caller to re-lock the queue.
         """
         _check_names(group=group, client_id=client_id, topic=topic)
+        _check_queue_ids([queue_id])
         with self._mutex:
             now = self._clock()
             entry = self._locks.get((group, topic), {}).get(queue_id)
