@@ -36,7 +36,7 @@ setup(
     entry_points={
         "console_scripts": [
             "orderlymq-broker=broker.__main__:main",
-            "orderlymq=broker.cli:main",
+            "orderlymq=connector.cli:main",
         ],
     },
 )

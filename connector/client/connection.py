@@ -112,8 +112,7 @@ class BrokerConnection:
     def stream(self, method: str, requests, *, timeout: float | None = None):
         """Open a bidirectional stream (``SendStream``); errors on iteration are translated."""
         try:
-            for response in getattr(self.stub, method)(requests, timeout=timeout):
-                yield response
+            yield from getattr(self.stub, method)(requests, timeout=timeout)
         except grpc.RpcError as err:
             raise from_rpc_error(err) from None
 

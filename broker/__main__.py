@@ -1,0 +1,68 @@
+"""``orderlymq-broker`` / ``python -m broker``: run a broker until SIGTERM or Ctrl-C."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from broker.config import BrokerConfig
+from broker.wire.errors import OrderlyMQError
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="orderlymq-broker", description="Run an orderlymq broker.")
+    parser.add_argument("--config", type=Path, help="a broker.toml (see conf/broker.toml); flags override it")
+    parser.add_argument("--host", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="gRPC port (default 9876; 0 picks a free one)")
+    parser.add_argument("--data-dir", help="where topics, offsets and transactions live (default ./data)")
+    parser.add_argument("--flush", choices=["sync", "async"], help="sync: ack after fsync; async: fsync on an interval")
+    parser.add_argument("--port-file", type=Path, help="write the bound port here once serving (for scripts)")
+    parser.add_argument("--log-level", help="DEBUG, INFO, WARNING, ...")
+    return parser.parse_args(argv)
+
+
+def load_config(args: argparse.Namespace) -> BrokerConfig:
+    config = BrokerConfig.from_toml(args.config) if args.config else BrokerConfig()
+    return config.with_overrides(
+        host=args.host, port=args.port, data_dir=args.data_dir, flush=args.flush, log_level=args.log_level
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        config = load_config(args)
+    except (OrderlyMQError, OSError) as exc:
+        print(f"orderlymq-broker: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from broker.server import start_broker
+
+    try:
+        running = start_broker(config)
+    except (OrderlyMQError, OSError) as exc:
+        print(f"orderlymq-broker: {exc}", file=sys.stderr)
+        return 1
+    if args.port_file:
+        tmp = args.port_file.with_suffix(".tmp")
+        tmp.write_text(str(running.port))
+        tmp.replace(args.port_file)
+    stopped = threading.Event()
+
+    def shutdown(signum, frame):
+        logging.getLogger("broker").info("signal %d: shutting down", signum)
+        stopped.set()
+
+    signal.signal(signal.SIGTERM, shutdown)
+    signal.signal(signal.SIGINT, shutdown)
+    stopped.wait()
+    running.stop(grace=2.0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,280 @@
+"""A MessageQueue's log: ordered appends, offset reads, long-poll wake-ups, retention.
+
+Offsets are contiguous per queue (0, 1, 2, ...; never reused). Store timestamps never decrease,
+so "first offset at or after a timestamp" is a binary search. A resend of a batch already stored
+under the same (producer, sequence) returns the original result instead of storing it twice;
+that state is rebuilt from record headers on recovery, so it survives a crash.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+
+from broker.storage.record import frame, parse_header, producer_hash
+from broker.storage.segment import CutReport, Segment
+from broker.wire import codec
+from broker.wire.errors import OffsetOutOfRangeError
+
+__all__ = ["AppendResult", "QueueLog", "ReadResult"]
+
+log = logging.getLogger(__name__)
+
+_MAX_PRODUCERS = 10_000  # idempotence state kept per queue (least recently used dropped)
+_MAX_RESULTS_PER_PRODUCER = 64
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    base_offset: int
+    count: int
+    store_timestamp: int
+    duplicate: bool = False
+
+
+@dataclass(frozen=True)
+class ReadResult:
+    batches: list[bytes]  # Arrow IPC streams, stored schema, in queue order
+    next_offset: int
+    count: int
+
+
+class QueueLog:
+    """The segments of one queue directory. Appends are serialised by a lock; reads run
+    concurrently with them (segments are immutable below ``next_offset``)."""
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        segment_bytes: int,
+        index_interval_bytes: int,
+        sync: bool,
+        clock: Callable[[], int] = codec.now_ms,
+    ) -> None:
+        self.directory = directory
+        self.segment_bytes = segment_bytes
+        self.index_interval_bytes = index_interval_bytes
+        self.sync = sync
+        self.clock = clock
+        self.dirty = False
+        self.cut_reports: list[CutReport] = []
+        self._lock = threading.Lock()
+        self._appended = threading.Condition(self._lock)
+        self._producers: OrderedDict[int, OrderedDict[int, AppendResult]] = OrderedDict()
+        self._retired: list[Segment] = []  # deleted segments whose fds close one retention pass later
+        directory.mkdir(parents=True, exist_ok=True)
+        self.segments: list[Segment] = self._open_segments()
+
+    # -- opening and recovery ------------------------------------------------------------------
+
+    def _open_segments(self) -> list[Segment]:
+        paths = sorted(self.directory.glob("*.log"))
+        segments = [Segment(p, int(p.stem), self.index_interval_bytes) for p in paths]
+        if not segments:
+            return [Segment(self.directory / Segment.file_name(0), 0, self.index_interval_bytes)]
+        for i, seg in enumerate(segments):
+            is_last = i == len(segments) - 1
+            if is_last or not seg.load_index():
+                report = seg.recover(verify_crc=True)
+                if report:
+                    self.cut_reports.append(report)
+                    log.warning("recovery cut %d bytes from %s at byte %d: %s", report.bytes_cut,
+                                report.path, report.position, report.reason)
+            if not is_last and seg.next_offset != segments[i + 1].base_offset:
+                # A gap after a damaged closed segment: later segments cannot be trusted in order.
+                for later in segments[i + 1:]:
+                    self.cut_reports.append(CutReport(str(later.path), 0, later.path.stat().st_size,
+                                                      f"follows a damaged segment ending at offset {seg.next_offset}"))
+                    later.delete()
+                segments = segments[: i + 1]
+                break
+        for seg in segments[-2:]:
+            self._rebuild_producers(seg)
+        return segments
+
+    def _rebuild_producers(self, seg: Segment) -> None:
+        for phash, seq, header in seg.producer_states():
+            self._remember(phash, seq, AppendResult(header.base_offset, header.count, header.store_ts))
+
+    def _remember(self, phash: int, seq: int, result: AppendResult) -> None:
+        results = self._producers.get(phash)
+        if results is None:
+            results = self._producers[phash] = OrderedDict()
+            if len(self._producers) > _MAX_PRODUCERS:
+                self._producers.popitem(last=False)
+        else:
+            self._producers.move_to_end(phash)
+        results[seq] = result
+        if len(results) > _MAX_RESULTS_PER_PRODUCER:
+            results.popitem(last=False)
+
+    # -- state ---------------------------------------------------------------------------------
+
+    @property
+    def min_offset(self) -> int:
+        return self.segments[0].base_offset
+
+    @property
+    def max_offset(self) -> int:
+        """The offset the next stored message gets."""
+        return self.segments[-1].next_offset
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(s.size for s in self.segments)
+
+    # -- appending -----------------------------------------------------------------------------
+
+    def append(self, table: pa.Table, producer_id: str = "", sequence: int = -1) -> AppendResult:
+        """Store a normalized message table as one record; returns its offsets.
+
+        A (producer_id, sequence) already stored returns the earlier result with
+        ``duplicate=True`` and stores nothing.
+        """
+        phash = producer_hash(producer_id) if producer_id and sequence >= 0 else 0
+        with self._lock:
+            if phash:
+                earlier = self._producers.get(phash, {}).get(sequence)
+                if earlier is not None:
+                    return AppendResult(earlier.base_offset, earlier.count, earlier.store_timestamp, True)
+            active = self.segments[-1]
+            base = active.next_offset
+            store_ts = max(self.clock(), active.last_store_ts)
+            body = codec.encode(codec.with_store_columns(table, base, store_ts))
+            framed = frame(body, base, table.num_rows, store_ts, phash, sequence)
+            if active.size and active.size + len(framed) > self.segment_bytes:
+                active = self._roll()
+            active.append(framed, parse_header(framed))
+            if self.sync:
+                active.sync()
+            else:
+                self.dirty = True
+            result = AppendResult(base, table.num_rows, store_ts)
+            if phash:
+                self._remember(phash, sequence, result)
+            self._appended.notify_all()
+            return result
+
+    def _roll(self) -> Segment:
+        closed = self.segments[-1]
+        closed.sync()
+        closed.write_index()
+        seg = Segment(self.directory / Segment.file_name(closed.next_offset), closed.next_offset, self.index_interval_bytes)
+        self.segments.append(seg)
+        return seg
+
+    def flush(self) -> None:
+        if self.dirty:
+            self.dirty = False
+            self.segments[-1].sync()
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def wait_for_data(self, offset: int, timeout_s: float) -> bool:
+        """Block until a message at ``offset`` exists or ``timeout_s`` passes (long poll)."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            while self.max_offset <= offset:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._appended.wait(remaining)
+            return True
+
+    def wake_waiters(self) -> None:
+        with self._lock:
+            self._appended.notify_all()
+
+    def check_offset(self, offset: int) -> None:
+        lo, hi = self.min_offset, self.max_offset
+        if offset < lo:
+            raise OffsetOutOfRangeError(
+                f"offset {offset} of {self.directory.parent.name}/{self.directory.name} is below the minimum "
+                f"{lo}: messages before {lo} were removed by retention; restart from {lo} (earliest)"
+            )
+        if offset > hi:
+            raise OffsetOutOfRangeError(
+                f"offset {offset} of {self.directory.parent.name}/{self.directory.name} is beyond the maximum "
+                f"{hi}: no message has been stored there yet; pull from at most {hi}"
+            )
+
+    def read(self, offset: int, max_messages: int, max_bytes: int) -> ReadResult:
+        """Up to ``max_messages`` messages from ``offset`` (at least one record's worth if any).
+
+        Returns whole stored records where possible; a record straddling either end is sliced.
+        """
+        self.check_offset(offset)
+        segments = list(self.segments)
+        end = segments[-1].next_offset
+        start_index = max(i for i, s in enumerate(segments) if s.base_offset <= offset)
+        batches: list[bytes] = []
+        count = size = 0
+        position = offset
+        for seg in segments[start_index:]:
+            for pos, raw, header in seg.headers_from(position):
+                if header.base_offset >= end:
+                    break
+                body = seg.read_body(pos, header, raw)
+                take_from = position - header.base_offset
+                take = min(header.count - take_from, max_messages - count)
+                if take_from or take < header.count:
+                    body = codec.encode(codec.decode(body).slice(take_from, take))
+                batches.append(body)
+                count += take
+                size += len(body)
+                position += take
+                if count >= max_messages or size >= max_bytes:
+                    return ReadResult(batches, position, count)
+            if position >= end:
+                break
+        return ReadResult(batches, position, count)
+
+    def offset_for_timestamp(self, timestamp: int) -> int:
+        """First offset stored at or after ``timestamp`` (``max_offset`` if none yet)."""
+        for seg in list(self.segments):
+            found = seg.offset_at_or_after(timestamp)
+            if found is not None:
+                return max(found, self.min_offset)
+        return self.max_offset
+
+    # -- retention -----------------------------------------------------------------------------
+
+    def apply_retention(self, retention_ms: int, retention_bytes: int) -> int:
+        """Delete closed segments older than ``retention_ms`` or beyond ``retention_bytes``;
+        returns the number of messages removed. The active segment is never deleted."""
+        for seg in self._retired:
+            seg.close()
+        self._retired = []
+        now = self.clock()
+        removed = 0
+        with self._lock:
+            while len(self.segments) > 1:
+                oldest = self.segments[0]
+                too_old = retention_ms > 0 and oldest.last_store_ts >= 0 and oldest.last_store_ts < now - retention_ms
+                too_big = retention_bytes > 0 and self.size_bytes - oldest.size >= retention_bytes
+                if not (too_old or too_big):
+                    break
+                self.segments.pop(0)
+                removed += oldest.next_offset - oldest.base_offset
+                oldest.path.unlink(missing_ok=True)
+                oldest.index_path.unlink(missing_ok=True)
+                self._retired.append(oldest)  # readers may still hold its fd for a moment
+        if removed:
+            log.info("retention removed %d messages from %s (now from offset %d)", removed, self.directory, self.min_offset)
+        return removed
+
+    def close(self) -> None:
+        with self._lock:
+            self.segments[-1].sync()
+            for seg in self.segments + self._retired:
+                seg.close()
+
+

@@ -1,0 +1,231 @@
+"""One segment file of a queue's log, with its sparse offset/time index.
+
+A segment is named by its base offset (``00000000000000000042.log``). The sparse index holds an
+entry ``(offset, position, store_ts)`` every ``index_interval_bytes`` of log; it is written to
+``.index`` when the segment is closed (rolled) and rebuilt by a scan when missing or stale.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from array import array
+from dataclasses import dataclass
+from pathlib import Path
+
+from broker.storage.record import HEADER, RecordHeader, parse_header, verify
+
+__all__ = ["CutReport", "Segment"]
+
+log = logging.getLogger(__name__)
+
+_INDEX_MAGIC = 0x58444E49  # "INDX"
+
+
+@dataclass(frozen=True)
+class CutReport:
+    """What recovery removed from a segment's tail."""
+
+    path: str
+    position: int
+    bytes_cut: int
+    reason: str
+
+
+class Segment:
+    """An append-only file of records starting at ``base_offset``. Not thread-safe by itself:
+    the owning ``QueueLog`` serialises appends; reads use ``os.pread`` and may run concurrently."""
+
+    def __init__(self, path: Path, base_offset: int, index_interval_bytes: int) -> None:
+        self.path = path
+        self.base_offset = base_offset
+        self.next_offset = base_offset
+        self.size = 0
+        self.first_store_ts = -1
+        self.last_store_ts = -1
+        self.index_interval_bytes = index_interval_bytes
+        self._index = array("q")  # flat (offset, position, store_ts) triples
+        self._bytes_since_index = index_interval_bytes  # index the first record
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+
+    @classmethod
+    def file_name(cls, base_offset: int) -> str:
+        return f"{base_offset:020d}.log"
+
+    @property
+    def index_path(self) -> Path:
+        return self.path.with_suffix(".index")
+
+    # -- writing -------------------------------------------------------------------------------
+
+    def append(self, framed: bytes, header: RecordHeader) -> None:
+        position = self.size
+        written = os.write(self.fd, framed)
+        if written != len(framed):  # a short write on a regular file means the disk is full
+            os.ftruncate(self.fd, position)
+            raise OSError(f"short write to {self.path}: {written} of {len(framed)} bytes (disk full?)")
+        self._track(header, position)
+
+    def _track(self, header: RecordHeader, position: int) -> None:
+        if self._bytes_since_index >= self.index_interval_bytes:
+            self._index.extend((header.base_offset, position, header.store_ts))
+            self._bytes_since_index = 0
+        self._bytes_since_index += header.size
+        self.size = position + header.size
+        self.next_offset = header.next_offset
+        if self.first_store_ts < 0:
+            self.first_store_ts = header.store_ts
+        self.last_store_ts = header.store_ts
+
+    def sync(self) -> None:
+        os.fsync(self.fd)
+
+    def close(self) -> None:
+        try:
+            os.close(self.fd)
+        except OSError:
+            pass
+
+    def write_index(self) -> None:
+        """Persist the sparse index of a closed segment (with the log size it describes)."""
+        header = array("q", [_INDEX_MAGIC, self.size, self.next_offset, self.first_store_ts, self.last_store_ts])
+        tmp = self.index_path.with_suffix(".index.tmp")
+        with open(tmp, "wb") as f:
+            f.write(header.tobytes() + self._index.tobytes())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.index_path)
+
+    # -- recovery ------------------------------------------------------------------------------
+
+    def load_index(self) -> bool:
+        """Adopt the ``.index`` file if it describes exactly this log file; else False."""
+        try:
+            raw = self.index_path.read_bytes()
+        except OSError:
+            return False
+        values = array("q")
+        values.frombytes(raw[: len(raw) - len(raw) % 8])
+        if len(values) < 5 or values[0] != _INDEX_MAGIC or (len(values) - 5) % 3:
+            return False
+        size, next_offset, first_ts, last_ts = values[1:5]
+        if size != os.fstat(self.fd).st_size:
+            return False
+        self._index = values[5:]
+        self.size, self.next_offset = size, next_offset
+        self.first_store_ts, self.last_store_ts = first_ts, last_ts
+        return True
+
+    def recover(self, verify_crc: bool = True) -> CutReport | None:
+        """Scan records from the start, rebuild the index and cut everything from the first torn,
+        corrupt or non-contiguous record on. Returns what was cut, if anything."""
+        self._index = array("q")
+        self._bytes_since_index = self.index_interval_bytes
+        self.size, self.next_offset = 0, self.base_offset
+        self.first_store_ts = self.last_store_ts = -1
+        file_size = os.fstat(self.fd).st_size
+        position, reason = 0, ""
+        while position < file_size:
+            raw = os.pread(self.fd, HEADER.size, position)
+            header = parse_header(raw)
+            if header is None:
+                reason = "bad record header" if len(raw) == HEADER.size else "torn record header"
+                break
+            if header.base_offset != self.next_offset:
+                reason = f"offset {header.base_offset} where {self.next_offset} was expected"
+                break
+            if position + header.size > file_size:
+                reason = "torn record body"
+                break
+            if verify_crc:
+                body = os.pread(self.fd, header.body_len, position + HEADER.size)
+                if not verify(raw, body, header):
+                    reason = "checksum mismatch"
+                    break
+            self._track(header, position)
+            position += header.size
+        if position >= file_size:
+            return None
+        os.ftruncate(self.fd, position)
+        os.fsync(self.fd)
+        self.index_path.unlink(missing_ok=True)
+        return CutReport(str(self.path), position, file_size - position, reason)
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def headers_from(self, offset: int):
+        """Yield ``(position, raw_header, header)`` for records from the one holding ``offset``."""
+        count = len(self._index) // 3
+        i = self._floor_entry(offset)
+        position = self._index[i * 3 + 1] if count else 0
+        end = self.size
+        while position < end:
+            raw = os.pread(self.fd, HEADER.size, position)
+            header = parse_header(raw)
+            if header is None:
+                raise OSError(f"corrupt record header in {self.path} at byte {position}")
+            if header.next_offset > offset:
+                yield position, raw, header
+            position += header.size
+
+    def _floor_entry(self, offset: int) -> int:
+        """Index of the last index entry whose offset is <= ``offset`` (0 if none)."""
+        lo, hi = 0, len(self._index) // 3
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self._index[mid * 3] <= offset:
+                lo = mid + 1
+            else:
+                hi = mid
+        return max(lo - 1, 0)
+
+    def read_body(self, position: int, header: RecordHeader, raw_header: bytes) -> bytes:
+        body = os.pread(self.fd, header.body_len, position + HEADER.size)
+        if len(body) != header.body_len or not verify(raw_header, body, header):
+            raise OSError(
+                f"checksum mismatch in {self.path} at byte {position} (offsets {header.base_offset}.."
+                f"{header.next_offset - 1}); restart the broker to cut the damaged record"
+            )
+        return body
+
+    def offset_at_or_after(self, timestamp: int) -> int | None:
+        """First offset with store_ts >= timestamp in this segment, or None."""
+        if self.last_store_ts < timestamp:
+            return None
+        # Store timestamps never decrease within a queue: binary-search the last index entry
+        # stored strictly before the timestamp, then scan forward from it.
+        lo, hi = 0, len(self._index) // 3
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self._index[mid * 3 + 2] < timestamp:
+                lo = mid + 1
+            else:
+                hi = mid
+        start, count = max(lo - 1, 0), len(self._index) // 3
+        position = self._index[start * 3 + 1] if count else 0
+        while position < self.size:
+            raw = os.pread(self.fd, HEADER.size, position)
+            header = parse_header(raw)
+            if header is None:
+                return None
+            if header.store_ts >= timestamp:
+                return header.base_offset
+            position += header.size
+        return None
+
+    def producer_states(self):
+        """Yield ``(producer_hash, sequence, header)`` of records with a producer, in order."""
+        position = 0
+        while position < self.size:
+            raw = os.pread(self.fd, HEADER.size, position)
+            header = parse_header(raw)
+            if header is None:
+                return
+            if header.producer_hash:
+                yield header.producer_hash, header.sequence, header
+            position += header.size
+
+    def delete(self) -> None:
+        self.close()
+        self.path.unlink(missing_ok=True)
+        self.index_path.unlink(missing_ok=True)

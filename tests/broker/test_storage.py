@@ -1,0 +1,174 @@
+"""Storage without the server: ordered appends, reads across segments, recovery, retention."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from broker.storage import QueueLog, Store
+from broker.wire import codec
+from broker.wire.errors import OffsetOutOfRangeError, QueueOutOfRangeError, TopicExistsError, TopicNotFoundError
+
+
+class FakeClock:
+    def __init__(self, now: int = 1_000_000) -> None:
+        self.now = now
+
+    def __call__(self) -> int:
+        return self.now
+
+
+def batch(start: int, n: int, key: str = "k") -> pa.Table:
+    return codec.messages_to_batch([{"key": key, "body": f"{key}-{i}".encode()} for i in range(start, start + n)])
+
+
+def read_all(q: QueueLog, offset: int = 0, max_messages: int = 1_000_000, max_bytes: int = 1 << 40) -> pa.Table:
+    tables = []
+    while offset < q.max_offset:
+        result = q.read(offset, max_messages, max_bytes)
+        tables.append(codec.decode_many(result.batches))
+        offset = result.next_offset
+    return pa.concat_tables(tables) if tables else codec.empty_stored_table()
+
+
+def make_log(tmp_path, **kw) -> QueueLog:
+    opts = dict(segment_bytes=4096, index_interval_bytes=512, sync=False)
+    opts.update(kw)
+    return QueueLog(tmp_path / "t" / "0", **opts)
+
+
+def test_appends_get_contiguous_offsets_and_read_back_in_order(tmp_path):
+    q = make_log(tmp_path)
+    for i in range(50):
+        result = q.append(batch(i * 3, 3))
+        assert (result.base_offset, result.count) == (i * 3, 3)
+    assert len(q.segments) > 1, "small segments must roll"
+    table = read_all(q)
+    assert table.column("queue_offset").to_pylist() == list(range(150))
+    assert table.column("body").to_pylist() == [f"k-{i}".encode() for i in range(150)]
+
+
+def test_read_from_the_middle_of_a_record_and_limits(tmp_path):
+    q = make_log(tmp_path)
+    for i in range(20):
+        q.append(batch(i * 5, 5))
+    result = q.read(7, 4, 1 << 30)
+    table = codec.decode_many(result.batches)
+    assert table.column("queue_offset").to_pylist() == [7, 8, 9, 10]
+    assert result.next_offset == 11
+    assert read_all(q, 7, max_messages=3).column("queue_offset").to_pylist() == list(range(7, 100))
+
+
+def test_offsets_out_of_range_are_precise(tmp_path):
+    q = make_log(tmp_path)
+    q.append(batch(0, 2))
+    assert q.read(2, 10, 1000).count == 0
+    with pytest.raises(OffsetOutOfRangeError, match="beyond the maximum 2"):
+        q.read(3, 10, 1000)
+
+
+def test_reopen_rebuilds_state_and_keeps_order(tmp_path):
+    q = make_log(tmp_path)
+    for i in range(40):
+        q.append(batch(i * 2, 2))
+    q.close()
+    q2 = make_log(tmp_path)
+    assert q2.max_offset == 80 and not q2.cut_reports
+    q2.append(batch(80, 1))
+    assert read_all(q2).column("queue_offset").to_pylist() == list(range(81))
+
+
+def test_recovery_cuts_only_a_torn_tail_record(tmp_path):
+    q = make_log(tmp_path, segment_bytes=1 << 20)
+    for i in range(10):
+        q.append(batch(i, 1))
+    q.close()
+    path = q.segments[-1].path
+    size = path.stat().st_size
+    with open(path, "r+b") as f:  # flip a byte in the last record's body
+        f.seek(size - 10)
+        byte = f.read(1)
+        f.seek(size - 10)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    q2 = make_log(tmp_path, segment_bytes=1 << 20)
+    assert q2.max_offset == 9
+    assert [r.reason for r in q2.cut_reports] == ["checksum mismatch"]
+    assert read_all(q2).column("body").to_pylist() == [f"k-{i}".encode() for i in range(9)]
+
+
+def test_recovery_cuts_a_half_written_header(tmp_path):
+    q = make_log(tmp_path, segment_bytes=1 << 20)
+    for i in range(3):
+        q.append(batch(i, 1))
+    q.close()
+    with open(q.segments[-1].path, "ab") as f:
+        f.write(b"\x4f\x51\x4d")  # a torn header of a fourth record
+    q2 = make_log(tmp_path, segment_bytes=1 << 20)
+    assert q2.max_offset == 3 and q2.cut_reports[0].bytes_cut == 3
+    assert q2.append(batch(3, 1)).base_offset == 3
+
+
+def test_resend_of_a_stored_sequence_is_not_stored_twice_even_after_restart(tmp_path):
+    q = make_log(tmp_path)
+    first = q.append(batch(0, 2), "producer-1", 0)
+    again = q.append(batch(0, 2), "producer-1", 0)
+    assert again.duplicate and again.base_offset == first.base_offset
+    q.close()
+    q2 = make_log(tmp_path)
+    assert q2.append(batch(0, 2), "producer-1", 0).duplicate
+    assert q2.append(batch(2, 1), "producer-1", 1).base_offset == 2
+    assert q2.max_offset == 3
+
+
+def test_offset_for_timestamp(tmp_path):
+    clock = FakeClock()
+    q = make_log(tmp_path, clock=clock)
+    for i in range(30):
+        clock.now = 1_000_000 + i * 10
+        q.append(batch(i, 1))
+    assert q.offset_for_timestamp(1_000_000 + 95) == 10
+    assert q.offset_for_timestamp(0) == 0
+    assert q.offset_for_timestamp(9_999_999) == 30
+
+
+def test_retention_by_age_and_size_removes_whole_old_segments(tmp_path):
+    clock = FakeClock()
+    q = make_log(tmp_path, clock=clock)
+    for i in range(60):
+        q.append(batch(i, 1))
+    segments = len(q.segments)
+    assert segments > 2
+    clock.now += 10_000
+    removed = q.apply_retention(retention_ms=5_000, retention_bytes=0)
+    assert len(q.segments) == 1 and q.min_offset == removed == 60 - (q.max_offset - q.min_offset)
+    with pytest.raises(OffsetOutOfRangeError, match="removed by retention"):
+        q.read(0, 10, 1000)
+    for i in range(60, 120):
+        q.append(batch(i, 1))
+    q.apply_retention(retention_ms=0, retention_bytes=4096)
+    assert q.size_bytes < 4096 + q.segments[-1].size
+    remaining = read_all(q, q.min_offset)
+    assert remaining.column("queue_offset").to_pylist() == list(range(q.min_offset, 120))
+
+
+def test_store_topics_persist_and_errors_name_the_problem(tmp_path):
+    store = Store(tmp_path)
+    store.create_topic("orders", 4)
+    with pytest.raises(TopicExistsError):
+        store.create_topic("orders", 4)
+    assert store.create_topic("orders", 8, if_not_exists=True) == 4
+    with pytest.raises(TopicNotFoundError, match="'nope' does not exist"):
+        store.queue("nope", 0)
+    with pytest.raises(QueueOutOfRangeError, match="queues 0..3"):
+        store.queue("orders", 4)
+    store.queue("orders", 2).append(batch(0, 3))
+    store.close()
+    reopened = Store(tmp_path)
+    assert reopened.topics() == {"orders": 4}
+    assert reopened.queue("orders", 2).max_offset == 3
+    reopened.grow_topic("orders", 6)
+    reopened.delete_topic("orders")
+    assert reopened.topics() == {}
+    assert not (tmp_path / "topics" / "orders").exists()
+
+
