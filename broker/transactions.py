@@ -1,0 +1,584 @@
+"""Staged producer transactions that survive a broker restart.
+
+A producer begins a transaction under an id of its choosing, stages sends into it, then commits or
+aborts. Life cycle::
+
+    (new) --begin--> OPEN --prepare_commit--> COMMITTING --mark_committed--> COMMITTED
+                      |
+                      +--abort / idle past its timeout--> ABORTED
+
+The server makes a commit visible by appending the staged batches to the queues between
+``prepare_commit`` and ``mark_committed``. A crash in between leaves the transaction COMMITTING with
+its staged data kept; ``committing()`` lists such transactions so the server re-applies them at
+start (its appends are idempotent). Finished ids are remembered, so a replayed CommitTxn of a
+committed id is an idempotent success and a begin of a finished id reports how it ended.
+
+On disk, under ``directory``:
+
+- ``staged/<sha256 of id>.stage``: one file per live transaction, frames
+  ``[u32 length][u32 crc32c][u16 topic length][topic][i32 queue id][Arrow IPC payload]``
+  (big-endian, the CRC covers what follows it). A frame is fsynced before ``stage`` returns, so only
+  an unacknowledged frame can be torn by a crash; on load a file is cut at its first incomplete or
+  corrupt frame.
+- ``txn-journal.log``: the same framing around one JSON state change per frame, fsynced per change.
+- ``txn-state.json``: a snapshot of every record, written with ``write_json_atomic`` when the journal
+  grows as long as the table. Replaying the journal over the snapshot is idempotent (each frame holds
+  a whole record), so a crash between writing the snapshot and emptying the journal is harmless.
+
+The journal keeps each state change O(1) on disk, where rewriting one JSON file per change would
+cost O(remembered ids) with up to 100,000 finished ids remembered.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import struct
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import crc32c
+
+from broker.persist import fsync_dir, read_json, wall_ms, write_json_atomic
+from broker.wire.errors import (
+    InternalBrokerError,
+    InvalidRequestError,
+    TransactionError,
+    TransactionNotFoundError,
+)
+
+__all__ = ["ABORTED", "COMMITTED", "COMMITTING", "MAX_TXN_ID_LENGTH", "OPEN", "TransactionManager"]
+
+log = logging.getLogger(__name__)
+
+OPEN, COMMITTING, COMMITTED, ABORTED = "OPEN", "COMMITTING", "COMMITTED", "ABORTED"
+MAX_TXN_ID_LENGTH = 256
+
+_STATE_VERSION = 1
+_FRAME_HEADER = struct.Struct(">II")  # body length, crc32c(body)
+_ENTRY_HEADER = struct.Struct(">H")  # topic length; the queue id follows the topic
+_QUEUE_ID = struct.Struct(">i")
+_MAX_FRAME = 2**31  # no frame is larger: a bigger length is garbage, not data
+_STRIPES = 64
+_REASON_TIMEOUT, _REASON_ABORT = "timeout", "abort"
+
+
+class TransactionManager:
+    """Durable staged transactions keyed by producer-chosen ids; loads its state on construction.
+
+    Parameters
+    ----------
+    directory : Path
+        Where state and staged data live (created if missing); one manager per directory.
+    timeout_ms : int
+        Default idle time after which an OPEN transaction is aborted.
+    clock : callable returning int
+        Current time in ms; injected by tests.
+    fsync : bool
+        False skips every fsync (tests, or a broker that accepts losing the last changes on power loss).
+    keep_finished, finished_retention_ms : int
+        A finished id is forgotten only once it is older than ``finished_retention_ms`` (24 h) *and*
+        not among the ``keep_finished`` (100,000) most recent ones.
+
+    Notes
+    -----
+    Thread-safe. Calls for one id are serialised (a striped lock per id, so staging into different
+    transactions runs in parallel); the record table and journal sit behind one short mutex.
+    Activity times are kept in memory: after a restart every OPEN transaction gets a fresh timeout.
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        timeout_ms: int = 60_000,
+        clock: Callable[[], int] = wall_ms,
+        fsync: bool = True,
+        *,
+        keep_finished: int = 100_000,
+        finished_retention_ms: int = 24 * 3600 * 1000,
+    ):
+        _check_timeout(timeout_ms, allow_zero=False)
+        self._dir = Path(directory)
+        self._staged_dir = self._dir / "staged"
+        self._state_path = self._dir / "txn-state.json"
+        self._journal_path = self._dir / "txn-journal.log"
+        self._timeout_ms = timeout_ms
+        self._clock = clock
+        self._fsync = fsync
+        self._keep_finished = keep_finished
+        self._finished_retention_ms = finished_retention_ms
+        self._mutex = threading.Lock()
+        self._stripes = [threading.Lock() for _ in range(_STRIPES)]
+        self._txns: dict[str, dict[str, Any]] = {}
+        self._activity: dict[str, int] = {}  # OPEN ids -> last activity
+        self._finished: OrderedDict[str, int] = OrderedDict()  # finished ids, oldest first
+        self._journal_records = 0
+        self._staged_dir.mkdir(parents=True, exist_ok=True)
+        replayed = self._load()
+        self._journal: BinaryIO = open(self._journal_path, "ab")  # noqa: SIM115 - lives as long as the manager
+        self._journal_size = self._journal.tell()
+        if replayed:
+            # Fold the journal into the snapshot now, so the next start replays nothing.
+            self._compact()
+
+    # ---- public API -------------------------------------------------------------------------
+
+    def begin(self, txn_id: str, timeout_ms: int = 0) -> str:
+        """Open ``txn_id`` (``timeout_ms`` 0: the default), or report the state of an existing id.
+
+        Returns
+        -------
+        str
+            OPEN for a new or open transaction (its activity is refreshed); COMMITTING, COMMITTED
+            or ABORTED, unchanged, for an id already past OPEN.
+        """
+        _check_id(txn_id)
+        _check_timeout(timeout_ms, allow_zero=True)
+        with self._stripe(txn_id), self._mutex:
+            now = self._clock()
+            rec = self._txns.get(txn_id)
+            if rec is None:
+                rec = {"state": OPEN, "timeout_ms": timeout_ms or self._timeout_ms, "updated_ms": now}
+                self._record([(txn_id, rec)])
+                self._activity[txn_id] = now
+                return OPEN
+            if rec["state"] == OPEN:
+                if self._idle_expired(txn_id, rec, now):
+                    self._abort_locked(txn_id, now, _REASON_TIMEOUT)
+                    return ABORTED
+                self._activity[txn_id] = now
+            return rec["state"]
+
+    def stage(self, txn_id: str, topic: str, queue_id: int, payload: bytes) -> None:
+        """Append one send (an Arrow IPC payload for ``topic``/``queue_id``), durable on return.
+
+        Raises
+        ------
+        TransactionNotFoundError
+            Unknown id.
+        TransactionError
+            The transaction is not OPEN (committing, committed, aborted or just timed out).
+        """
+        _check_id(txn_id)
+        if not isinstance(topic, str) or not topic:
+            raise InvalidRequestError(f"topic must be a non-empty string, got {topic!r}")
+        if not isinstance(queue_id, int) or isinstance(queue_id, bool) or not 0 <= queue_id < 2**31:
+            raise InvalidRequestError(f"queue id must be an integer >= 0, got {queue_id!r}")
+        if not isinstance(payload, bytes | bytearray | memoryview):
+            raise InvalidRequestError(f"payload must be bytes, got {type(payload).__name__}")
+        topic_bytes = topic.encode("utf-8")
+        if len(topic_bytes) > 0xFFFF:
+            raise InvalidRequestError("topic name is longer than 65535 bytes")
+        # Written as parts: a payload may be up to max_request_bytes and is not worth copying.
+        parts = [_ENTRY_HEADER.pack(len(topic_bytes)) + topic_bytes + _QUEUE_ID.pack(queue_id), payload]
+        with self._stripe(txn_id):
+            with self._mutex:
+                now = self._clock()
+                self._require_open(txn_id, now, "stage a send in")
+                self._activity[txn_id] = now
+            self._append_frame(self._staged_path(txn_id), parts)
+
+    def prepare_commit(self, txn_id: str) -> tuple[bool, list[tuple[str, int, bytes]]]:
+        """Move ``txn_id`` to COMMITTING (durably) and return what to apply.
+
+        Returns
+        -------
+        (bool, list of (topic, queue_id, payload))
+            ``(True, [])`` for an id already COMMITTED; otherwise ``(False, entries)`` with the staged
+            sends in the order they were staged. A COMMITTING id (a retry, or recovery after a crash)
+            returns its entries again.
+
+        Raises
+        ------
+        TransactionNotFoundError
+            Unknown id.
+        TransactionError
+            The transaction was aborted (by AbortTxn or timeout).
+        """
+        _check_id(txn_id)
+        with self._stripe(txn_id):
+            with self._mutex:
+                now = self._clock()
+                rec = self._txns.get(txn_id)
+                if rec is None:
+                    raise _not_found(txn_id)
+                if rec["state"] == COMMITTED:
+                    return True, []
+                if rec["state"] != COMMITTING:
+                    rec = self._require_open(txn_id, now, "commit")
+            # Holding the id's stripe: no send can be staged into it while it is read.
+            entries = list(self._read_staged(txn_id))
+            with self._mutex:
+                if rec["state"] == OPEN:
+                    self._record([(txn_id, {**rec, "state": COMMITTING, "updated_ms": self._clock()})])
+                    self._activity.pop(txn_id, None)
+            return False, entries
+
+    def mark_committed(self, txn_id: str) -> None:
+        """Record that the staged sends of a COMMITTING transaction are applied; drop its staged data.
+
+        A COMMITTED id is left as it is.
+
+        Raises
+        ------
+        TransactionNotFoundError
+            Unknown id.
+        TransactionError
+            The transaction is not COMMITTING (``prepare_commit`` was not called, or it was aborted).
+        """
+        _check_id(txn_id)
+        with self._stripe(txn_id), self._mutex:
+            rec = self._txns.get(txn_id)
+            if rec is None:
+                raise _not_found(txn_id)
+            if rec["state"] == COMMITTED:
+                return
+            if rec["state"] != COMMITTING:
+                raise TransactionError(
+                    f"transaction {txn_id!r} is {rec['state']}, not COMMITTING; prepare_commit must come first"
+                )
+            self._finish_locked(txn_id, COMMITTED, self._clock(), None)
+
+    def abort(self, txn_id: str) -> None:
+        """Abort an OPEN transaction and drop its staged data; aborting an ABORTED one is a no-op.
+
+        Raises
+        ------
+        TransactionNotFoundError
+            Unknown id.
+        TransactionError
+            The transaction is committed or being committed.
+        """
+        _check_id(txn_id)
+        with self._stripe(txn_id), self._mutex:
+            rec = self._txns.get(txn_id)
+            if rec is None:
+                raise _not_found(txn_id)
+            state = rec["state"]
+            if state == COMMITTED:
+                raise TransactionError(f"transaction {txn_id!r} is already committed; it cannot be aborted")
+            if state == COMMITTING:
+                raise TransactionError(
+                    f"transaction {txn_id!r} is being committed; it cannot be aborted, retry CommitTxn instead"
+                )
+            if state == OPEN:
+                self._abort_locked(txn_id, self._clock(), _REASON_ABORT)
+
+    def expire(self) -> list[str]:
+        """Abort OPEN transactions idle past their timeout and forget old finished ids.
+
+        Returns
+        -------
+        list[str]
+            The ids aborted by this call.
+        """
+        with self._mutex:
+            now = self._clock()
+            candidates = [tid for tid in self._activity if self._idle_expired(tid, self._txns[tid], now)]
+        aborted = []
+        for txn_id in candidates:
+            with self._stripe(txn_id), self._mutex:
+                rec = self._txns.get(txn_id)
+                # Re-check: a send may have refreshed it, or a commit moved it on, since the scan.
+                if rec is not None and rec["state"] == OPEN and self._idle_expired(txn_id, rec, now):
+                    self._abort_locked(txn_id, now, _REASON_TIMEOUT)
+                    aborted.append(txn_id)
+        with self._mutex:
+            self._forget_old_locked(now)
+        return aborted
+
+    def committing(self) -> list[str]:
+        """Ids left COMMITTING (by a crash between prepare and mark), oldest first."""
+        with self._mutex:
+            found = [(rec["updated_ms"], tid) for tid, rec in self._txns.items() if rec["state"] == COMMITTING]
+            return [tid for _, tid in sorted(found)]
+
+    def state(self, txn_id: str) -> str | None:
+        """OPEN, COMMITTING, COMMITTED, ABORTED, or None for an unknown (or forgotten) id."""
+        _check_id(txn_id)
+        with self._mutex:
+            rec = self._txns.get(txn_id)
+            return None if rec is None else rec["state"]
+
+    def close(self) -> None:
+        """Release the journal file; the manager must not be used afterwards."""
+        with self._mutex:
+            self._journal.close()
+
+    # ---- state changes (callers hold the id's stripe and the mutex) -------------------------
+
+    def _require_open(self, txn_id: str, now: int, action: str) -> dict[str, Any]:
+        rec = self._txns.get(txn_id)
+        if rec is None:
+            raise _not_found(txn_id)
+        if rec["state"] == OPEN and self._idle_expired(txn_id, rec, now):
+            self._abort_locked(txn_id, now, _REASON_TIMEOUT)
+            rec = self._txns[txn_id]
+        if rec["state"] == ABORTED:
+            raise _aborted(txn_id, rec)
+        if rec["state"] != OPEN:
+            raise TransactionError(
+                f"cannot {action} transaction {txn_id!r}: it is {rec['state']}; begin a new transaction"
+            )
+        return rec
+
+    def _idle_expired(self, txn_id: str, rec: dict[str, Any], now: int) -> bool:
+        return now - self._activity.get(txn_id, now) >= rec["timeout_ms"]
+
+    def _abort_locked(self, txn_id: str, now: int, reason: str) -> None:
+        self._finish_locked(txn_id, ABORTED, now, reason)
+
+    def _finish_locked(self, txn_id: str, state: str, now: int, reason: str | None) -> None:
+        rec = {**self._txns[txn_id], "state": state, "updated_ms": now}
+        if reason is not None:
+            rec["reason"] = reason
+        self._record([(txn_id, rec)])
+        self._activity.pop(txn_id, None)
+        self._finished[txn_id] = now
+        self._finished.move_to_end(txn_id)
+        # After the journal says finished: a crash before this unlink leaves an orphan removed on load.
+        with contextlib.suppress(FileNotFoundError):
+            self._staged_path(txn_id).unlink()
+
+    def _forget_old_locked(self, now: int) -> None:
+        excess = len(self._finished) - self._keep_finished
+        forget = []
+        for txn_id, finished_ms in self._finished.items():  # oldest first
+            if len(forget) >= excess or now - finished_ms < self._finished_retention_ms:
+                break
+            forget.append(txn_id)
+        if not forget:
+            return
+        self._record([(tid, None) for tid in forget])
+        for tid in forget:
+            del self._finished[tid]
+
+    # ---- files ------------------------------------------------------------------------------
+
+    def _stripe(self, txn_id: str) -> threading.Lock:
+        return self._stripes[hash(txn_id) % _STRIPES]
+
+    def _staged_path(self, txn_id: str) -> Path:
+        # Ids are arbitrary producer strings: hash them into a safe, fixed-length file name.
+        return self._staged_dir / f"{hashlib.sha256(txn_id.encode('utf-8')).hexdigest()[:40]}.stage"
+
+    def _append_frame(self, path: Path, parts: list[bytes]) -> None:
+        length, crc = 0, 0
+        for part in parts:
+            length += len(part)
+            crc = crc32c.crc32c(part, crc)
+        created = not path.exists()
+        with open(path, "ab") as f:
+            start = f.tell()
+            try:
+                f.write(_FRAME_HEADER.pack(length, crc))
+                for part in parts:
+                    f.write(part)
+                f.flush()
+                if self._fsync:
+                    os.fsync(f.fileno())
+            except BaseException:
+                # Never leave a partial frame: later frames would sit behind it and be cut on load.
+                with contextlib.suppress(OSError):
+                    f.truncate(start)
+                raise
+        if created and self._fsync:
+            fsync_dir(path.parent)
+
+    def _read_staged(self, txn_id: str) -> Iterator[tuple[str, int, bytes]]:
+        path = self._staged_path(txn_id)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return
+        bodies, end = _split_frames(data)
+        for body in bodies:
+            (topic_len,) = _ENTRY_HEADER.unpack_from(body, 0)
+            topic = bytes(body[2 : 2 + topic_len]).decode("utf-8")
+            (queue_id,) = _QUEUE_ID.unpack_from(body, 2 + topic_len)
+            yield topic, queue_id, bytes(body[6 + topic_len :])
+        if end != len(data):
+            raise InternalBrokerError(
+                f"staged data of transaction {txn_id!r} ({path}) is corrupt at byte {end}; abort the transaction"
+            )
+
+    def _record(self, changes: list[tuple[str, dict[str, Any] | None]]) -> None:
+        """Journal whole records (None: forget the id), then apply them to the table.
+
+        Nothing changes in memory unless the journal write succeeded.
+        """
+        data = b"".join(
+            _frame(json.dumps({"id": tid, "rec": rec}, separators=(",", ":")).encode()) for tid, rec in changes
+        )
+        try:
+            self._journal.write(data)
+            self._journal.flush()
+            if self._fsync:
+                os.fsync(self._journal.fileno())
+        except BaseException:
+            with contextlib.suppress(OSError):
+                self._journal.truncate(self._journal_size)
+                self._journal.seek(self._journal_size)
+            raise
+        self._journal_size += len(data)
+        self._journal_records += len(changes)
+        for tid, rec in changes:
+            if rec is None:
+                self._txns.pop(tid, None)
+            else:
+                self._txns[tid] = rec
+        # Amortised O(1) per change: the snapshot is rewritten once per table-length of changes.
+        if self._journal_records > max(1000, len(self._txns)):
+            try:
+                self._compact()
+            except OSError:
+                # The changes are durable in the journal already; compaction is retried next time.
+                log.exception("could not compact the transaction journal into %s", self._state_path)
+
+    def _compact(self) -> None:
+        write_json_atomic(self._state_path, self._snapshot(), fsync=self._fsync)
+        self._journal.truncate(0)
+        self._journal.seek(0)
+        if self._fsync:
+            os.fsync(self._journal.fileno())
+        self._journal_size = 0
+        self._journal_records = 0
+
+    def _snapshot(self) -> dict[str, Any]:
+        return {"version": _STATE_VERSION, "txns": self._txns}
+
+    def _load(self) -> int:
+        """Read snapshot and journal, cut torn tails, drop orphans; return how many changes were replayed."""
+        snapshot = read_json(self._state_path, None)
+        try:
+            if snapshot is not None:
+                if snapshot.get("version") != _STATE_VERSION:
+                    raise ValueError(f"unsupported version {snapshot.get('version')!r}")
+                for tid, rec in snapshot["txns"].items():
+                    self._txns[str(tid)] = _valid_record(rec)
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            raise InternalBrokerError(f"transaction state file {self._state_path} is not valid ({exc})") from exc
+
+        replayed = self._replay_journal()
+        now = self._clock()
+        live_files = set()
+        for tid, rec in self._txns.items():
+            if rec["state"] in (OPEN, COMMITTING):
+                path = self._staged_path(tid)
+                live_files.add(path.name)
+                _cut_torn_tail(path, self._fsync)
+                if rec["state"] == OPEN:
+                    self._activity[tid] = now
+        for tid, rec in sorted(self._txns.items(), key=lambda item: item[1]["updated_ms"]):
+            if rec["state"] in (COMMITTED, ABORTED):
+                self._finished[tid] = rec["updated_ms"]
+        for path in self._staged_dir.iterdir():
+            if path.name not in live_files:
+                # Staged data of a transaction that finished just before a crash.
+                path.unlink()
+        return replayed
+
+    def _replay_journal(self) -> int:
+        try:
+            data = self._journal_path.read_bytes()
+        except FileNotFoundError:
+            return 0
+        bodies, end = _split_frames(data)
+        for body in bodies:
+            try:
+                change = json.loads(bytes(body))
+                tid, rec = str(change["id"]), change["rec"]
+                if rec is None:
+                    self._txns.pop(tid, None)
+                else:
+                    self._txns[tid] = _valid_record(rec)
+            except (KeyError, TypeError, ValueError) as exc:
+                raise InternalBrokerError(f"transaction journal {self._journal_path} is not valid ({exc})") from exc
+        if end != len(data):
+            log.warning("cutting %d bytes of torn transaction journal at %s", len(data) - end, self._journal_path)
+            with open(self._journal_path, "r+b") as f:
+                f.truncate(end)
+                if self._fsync:
+                    os.fsync(f.fileno())
+        return len(bodies)
+
+
+def _frame(body: bytes) -> bytes:
+    return _FRAME_HEADER.pack(len(body), crc32c.crc32c(body)) + body
+
+
+def _split_frames(data: bytes) -> tuple[list[memoryview], int]:
+    """The bodies of the whole, intact frames at the start of ``data``, and where they end.
+
+    Stops at the first incomplete frame or CRC mismatch: everything from there on is a torn tail.
+    """
+    view = memoryview(data)
+    bodies, pos = [], 0
+    while pos + _FRAME_HEADER.size <= len(data):
+        length, crc = _FRAME_HEADER.unpack_from(data, pos)
+        start, end = pos + _FRAME_HEADER.size, pos + _FRAME_HEADER.size + length
+        if length >= _MAX_FRAME or end > len(data) or crc32c.crc32c(view[start:end]) != crc:
+            break
+        bodies.append(view[start:end])
+        pos = end
+    return bodies, pos
+
+
+def _cut_torn_tail(path: Path, fsync: bool) -> None:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return
+    _, end = _split_frames(data)
+    if end != len(data):
+        # Only the last, unacknowledged frame can be torn by a crash: every acknowledged one was fsynced.
+        log.warning("cutting %d bytes of torn staged data at %s", len(data) - end, path)
+        with open(path, "r+b") as f:
+            f.truncate(end)
+            if fsync:
+                os.fsync(f.fileno())
+
+
+def _valid_record(rec: Any) -> dict[str, Any]:
+    ok = (
+        isinstance(rec, dict)
+        and rec.get("state") in (OPEN, COMMITTING, COMMITTED, ABORTED)
+        and all(isinstance(rec.get(key), int) for key in ("timeout_ms", "updated_ms"))
+    )
+    if not ok:
+        raise ValueError(f"bad transaction record {rec!r}")
+    return rec
+
+
+def _check_id(txn_id: str) -> None:
+    if not isinstance(txn_id, str) or not txn_id or len(txn_id) > MAX_TXN_ID_LENGTH:
+        shown = txn_id if not isinstance(txn_id, str) else f"{len(txn_id)} characters"
+        raise InvalidRequestError(
+            f"transaction id must be a string of 1 to {MAX_TXN_ID_LENGTH} characters, got {shown}"
+        )
+
+
+def _check_timeout(timeout_ms: int, allow_zero: bool) -> None:
+    low = 0 if allow_zero else 1
+    if not isinstance(timeout_ms, int) or isinstance(timeout_ms, bool) or timeout_ms < low:
+        raise InvalidRequestError(f"transaction timeout_ms must be an integer >= {low}, got {timeout_ms!r}")
+
+
+def _not_found(txn_id: str) -> TransactionNotFoundError:
+    return TransactionNotFoundError(
+        f"transaction {txn_id!r} not found: begin it first (finished ids are remembered for at least 24 h)"
+    )
+
+
+def _aborted(txn_id: str, rec: dict[str, Any]) -> TransactionError:
+    if rec.get("reason") == _REASON_TIMEOUT:
+        how = f"timed out after {rec['timeout_ms']} ms without activity"
+    else:
+        how = "by AbortTxn"
+    return TransactionError(f"transaction {txn_id!r} was aborted ({how}); begin a new transaction")

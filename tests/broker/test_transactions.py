@@ -1,0 +1,498 @@
+"""TransactionManager: life cycle, idempotent commit, abort, expiry, restart recovery, torn frames."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+
+from broker.transactions import ABORTED, COMMITTED, COMMITTING, OPEN, TransactionManager
+from broker.wire.errors import InternalBrokerError, InvalidRequestError, TransactionError, TransactionNotFoundError
+
+TIMEOUT = 1_000
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 5_000_000
+
+    def __call__(self) -> int:
+        return self.now
+
+
+@pytest.fixture
+def clock():
+    return FakeClock()
+
+
+@pytest.fixture
+def directory(tmp_path):
+    return tmp_path / "txn"
+
+
+@pytest.fixture
+def open_manager(directory, clock):
+    opened = []
+
+    def make(**kwargs):
+        kwargs.setdefault("timeout_ms", TIMEOUT)
+        manager = TransactionManager(directory, clock=clock, **kwargs)
+        opened.append(manager)
+        return manager
+
+    yield make
+    for manager in opened:
+        manager.close()
+
+
+@pytest.fixture
+def txns(open_manager):
+    return open_manager()
+
+
+def staged_files(directory):
+    return sorted(p.name for p in (directory / "staged").iterdir())
+
+
+def test_begin_stage_commit_in_send_order(txns):
+    assert txns.begin("t1") == OPEN
+    txns.stage("t1", "orders", 2, b"a")
+    txns.stage("t1", "orders", 0, memoryview(b"xbx")[1:2])
+    txns.stage("t1", "audit", 2, memoryview(b""))
+    txns.stage("t1", "orders", 2, bytearray(b"c" * 10_000))
+    already, entries = txns.prepare_commit("t1")
+    assert not already
+    assert entries == [("orders", 2, b"a"), ("orders", 0, b"b"), ("audit", 2, b""), ("orders", 2, b"c" * 10_000)]
+    assert txns.state("t1") == COMMITTING
+    txns.mark_committed("t1")
+    assert txns.state("t1") == COMMITTED
+
+
+def test_empty_transaction_commits(txns, directory):
+    txns.begin("t")
+    assert txns.prepare_commit("t") == (False, [])
+    txns.mark_committed("t")
+    assert txns.state("t") == COMMITTED
+    assert staged_files(directory) == []
+
+
+def test_committed_data_is_deleted(txns, directory):
+    txns.begin("t")
+    txns.stage("t", "x", 0, b"payload")
+    assert len(staged_files(directory)) == 1
+    txns.prepare_commit("t")
+    txns.mark_committed("t")
+    assert staged_files(directory) == []
+
+
+def test_replayed_commit_is_idempotent(txns):
+    txns.begin("t")
+    txns.stage("t", "x", 0, b"1")
+    txns.prepare_commit("t")
+    txns.mark_committed("t")
+    assert txns.prepare_commit("t") == (True, [])
+    txns.mark_committed("t")  # no-op
+    assert txns.begin("t") == COMMITTED  # a begin of a finished id reports it, unchanged
+    assert txns.state("t") == COMMITTED
+
+
+def test_prepare_twice_returns_the_entries_again(txns):
+    txns.begin("t")
+    txns.stage("t", "x", 1, b"1")
+    assert txns.prepare_commit("t") == (False, [("x", 1, b"1")])
+    assert txns.prepare_commit("t") == (False, [("x", 1, b"1")])
+
+
+def test_begin_is_idempotent_while_open(txns):
+    assert txns.begin("t") == OPEN
+    txns.stage("t", "x", 0, b"1")
+    assert txns.begin("t") == OPEN
+    assert txns.prepare_commit("t") == (False, [("x", 0, b"1")])
+    assert txns.begin("t") == COMMITTING
+
+
+def test_transactions_are_independent(txns):
+    txns.begin("a")
+    txns.begin("b")
+    txns.stage("a", "x", 0, b"a1")
+    txns.stage("b", "x", 0, b"b1")
+    txns.stage("a", "x", 0, b"a2")
+    txns.abort("b")
+    assert txns.prepare_commit("a") == (False, [("x", 0, b"a1"), ("x", 0, b"a2")])
+
+
+def test_abort_drops_staged_data(txns, directory):
+    txns.begin("t")
+    txns.stage("t", "x", 0, b"1")
+    txns.abort("t")
+    assert txns.state("t") == ABORTED
+    assert staged_files(directory) == []
+    txns.abort("t")  # aborting an aborted id is a no-op
+    assert txns.begin("t") == ABORTED
+    with pytest.raises(TransactionError, match=r"'t' was aborted \(by AbortTxn\); begin a new transaction"):
+        txns.prepare_commit("t")
+    with pytest.raises(TransactionError, match="was aborted"):
+        txns.stage("t", "x", 0, b"2")
+
+
+def test_abort_rules(txns):
+    with pytest.raises(TransactionNotFoundError, match="'nope' not found"):
+        txns.abort("nope")
+    txns.begin("t")
+    txns.prepare_commit("t")
+    with pytest.raises(TransactionError, match="being committed; it cannot be aborted"):
+        txns.abort("t")
+    txns.mark_committed("t")
+    with pytest.raises(TransactionError, match="already committed; it cannot be aborted") as info:
+        txns.abort("t")
+    assert not isinstance(info.value, TransactionNotFoundError)
+
+
+def test_unknown_ids(txns):
+    for call in (lambda: txns.stage("nope", "x", 0, b""), lambda: txns.prepare_commit("nope")):
+        with pytest.raises(TransactionNotFoundError, match="'nope' not found: begin it first"):
+            call()
+    with pytest.raises(TransactionNotFoundError):
+        txns.mark_committed("nope")
+    assert txns.state("nope") is None
+
+
+def test_stage_requires_open(txns):
+    txns.begin("t")
+    txns.prepare_commit("t")
+    with pytest.raises(TransactionError, match="cannot stage a send in transaction 't': it is COMMITTING"):
+        txns.stage("t", "x", 0, b"")
+    txns.mark_committed("t")
+    with pytest.raises(TransactionError, match="it is COMMITTED"):
+        txns.stage("t", "x", 0, b"")
+
+
+def test_mark_committed_requires_prepare(txns):
+    txns.begin("t")
+    with pytest.raises(TransactionError, match="is OPEN, not COMMITTING; prepare_commit must come first"):
+        txns.mark_committed("t")
+
+
+def test_expire_aborts_idle_open_transactions(txns, clock, directory):
+    txns.begin("idle")
+    txns.begin("busy")
+    txns.begin("long", timeout_ms=10 * TIMEOUT)
+    txns.stage("idle", "x", 0, b"1")
+    clock.now += TIMEOUT - 1
+    txns.stage("busy", "x", 0, b"1")  # activity refreshes the timeout
+    assert txns.expire() == []
+    clock.now += 1
+    assert txns.expire() == ["idle"]
+    assert txns.state("idle") == ABORTED
+    assert txns.state("busy") == OPEN and txns.state("long") == OPEN
+    with pytest.raises(TransactionError, match=r"was aborted \(timed out after 1000 ms without activity\)"):
+        txns.prepare_commit("idle")
+    assert len(staged_files(directory)) == 1  # only "busy" keeps staged data
+    clock.now += 10 * TIMEOUT
+    assert sorted(txns.expire()) == ["busy", "long"]
+
+
+def test_expire_leaves_committing_alone(txns, clock):
+    txns.begin("t")
+    txns.prepare_commit("t")
+    clock.now += 100 * TIMEOUT
+    assert txns.expire() == []
+    assert txns.state("t") == COMMITTING
+
+
+def test_timeout_is_enforced_without_waiting_for_expire(txns, clock):
+    txns.begin("t")
+    clock.now += TIMEOUT
+    with pytest.raises(TransactionError, match="timed out after 1000 ms"):
+        txns.stage("t", "x", 0, b"1")
+    assert txns.state("t") == ABORTED
+    txns.begin("u")
+    clock.now += TIMEOUT
+    with pytest.raises(TransactionError, match="timed out"):
+        txns.prepare_commit("u")
+    txns.begin("v")
+    clock.now += TIMEOUT
+    assert txns.begin("v") == ABORTED
+
+
+def test_restart_keeps_open_transactions_and_staged_data(open_manager, clock):
+    first = open_manager()
+    first.begin("t", timeout_ms=5 * TIMEOUT)
+    first.stage("t", "x", 3, b"one")
+    first.stage("t", "y", 0, b"two")
+    first.close()
+    clock.now += 4 * TIMEOUT
+    second = open_manager()
+    assert second.state("t") == OPEN
+    second.stage("t", "x", 3, b"three")
+    clock.now += 5 * TIMEOUT - 1  # the timeout (as begun) counts from the last activity
+    assert second.expire() == []
+    assert second.prepare_commit("t") == (False, [("x", 3, b"one"), ("y", 0, b"two"), ("x", 3, b"three")])
+
+
+def test_restart_gives_open_transactions_a_fresh_timeout(open_manager, clock):
+    first = open_manager()
+    first.begin("t")
+    clock.now += TIMEOUT - 1
+    first.close()
+    second = open_manager()
+    clock.now += TIMEOUT - 1
+    assert second.expire() == []
+    clock.now += 1
+    assert second.expire() == ["t"]
+
+
+def test_restart_keeps_committing_state_for_recovery(open_manager, clock):
+    first = open_manager()
+    for tid in ("c1", "c2"):
+        first.begin(tid)
+        first.stage(tid, "x", 0, tid.encode())
+    first.prepare_commit("c2")
+    clock.now += 1
+    first.prepare_commit("c1")
+    first.close()  # as if the broker died before mark_committed
+    second = open_manager()
+    assert second.committing() == ["c2", "c1"]
+    assert second.prepare_commit("c1") == (False, [("x", 0, b"c1")])
+    second.mark_committed("c1")
+    assert second.committing() == ["c2"]
+
+
+def test_restart_remembers_finished_ids(open_manager, directory):
+    first = open_manager()
+    first.begin("done")
+    first.prepare_commit("done")
+    first.mark_committed("done")
+    first.begin("gone")
+    first.abort("gone")
+    first.close()
+    second = open_manager()
+    assert second.prepare_commit("done") == (True, [])
+    assert second.begin("gone") == ABORTED
+    assert staged_files(directory) == []
+
+
+def test_state_survives_many_restarts_and_compactions(open_manager, directory):
+    manager = open_manager()
+    for i in range(1_500):  # past the compaction threshold at least once
+        manager.begin(f"t{i}")
+        if i % 2:
+            manager.abort(f"t{i}")
+        else:
+            manager.prepare_commit(f"t{i}")
+            manager.mark_committed(f"t{i}")
+    manager.begin("open")
+    manager.stage("open", "x", 0, b"kept")
+    assert (directory / "txn-state.json").exists()  # the journal was folded into a snapshot
+    manager.close()
+    for _ in range(2):
+        manager = open_manager()
+        manager.close()
+    manager = open_manager()
+    assert manager.state("t0") == COMMITTED and manager.state("t1499") == ABORTED
+    assert manager.prepare_commit("open") == (False, [("x", 0, b"kept")])
+
+
+def test_torn_last_frame_is_cut_on_load(open_manager, directory):
+    first = open_manager()
+    first.begin("t")
+    first.stage("t", "x", 0, b"acknowledged")
+    first.stage("t", "x", 0, b"torn by the crash")
+    first.close()
+    [name] = staged_files(directory)
+    path = directory / "staged" / name
+    size = path.stat().st_size
+    os.truncate(path, size - 3)  # the last append was cut short
+    second = open_manager()
+    assert path.stat().st_size < size - 3  # the partial frame is gone, so appends land after good data
+    second.stage("t", "x", 0, b"after restart")
+    assert second.prepare_commit("t") == (False, [("x", 0, b"acknowledged"), ("x", 0, b"after restart")])
+
+
+def test_garbage_tail_is_cut_on_load(open_manager, directory):
+    first = open_manager()
+    first.begin("t")
+    first.stage("t", "x", 0, b"good")
+    first.close()
+    [name] = staged_files(directory)
+    with open(directory / "staged" / name, "ab") as f:
+        f.write(b"\x00\x00\x00\x05\x00\x00\x00\x00zeros")  # whole length, wrong CRC
+    second = open_manager()
+    assert second.prepare_commit("t") == (False, [("x", 0, b"good")])
+
+
+def test_torn_journal_tail_is_cut_on_load(open_manager, directory):
+    first = open_manager()
+    first.begin("a")
+    first.begin("b")
+    first.close()
+    journal = directory / "txn-journal.log"
+    os.truncate(journal, journal.stat().st_size - 2)  # "b" was being written when the broker died
+    second = open_manager()
+    assert second.state("a") == OPEN
+    assert second.state("b") is None
+    assert second.begin("b") == OPEN
+
+
+def test_orphan_staged_files_are_removed_on_load(open_manager, directory):
+    first = open_manager()
+    first.begin("t")
+    first.close()
+    (directory / "staged" / "left-over.stage").write_bytes(b"x")
+    open_manager()
+    assert staged_files(directory) == []
+
+
+def test_corrupt_snapshot_is_named(open_manager, directory):
+    open_manager().close()
+    (directory / "txn-state.json").write_text("{oops")
+    with pytest.raises(InternalBrokerError, match="txn-state.json is corrupt"):
+        open_manager()
+
+
+def test_corruption_inside_staged_data_is_reported_on_commit(txns, directory):
+    txns.begin("t")
+    txns.stage("t", "x", 0, b"first")
+    [name] = staged_files(directory)
+    with open(directory / "staged" / name, "ab") as f:
+        f.write(b"\xff")
+    with pytest.raises(InternalBrokerError, match="staged data of transaction 't'.*corrupt"):
+        txns.prepare_commit("t")
+    assert txns.state("t") == OPEN
+
+
+def test_failed_append_leaves_no_partial_frame(txns, directory, monkeypatch):
+    txns.begin("t")
+    txns.stage("t", "x", 0, b"ok")
+    real_fsync = os.fsync
+
+    def failing_fsync(fd):
+        raise OSError("disk on fire")
+
+    monkeypatch.setattr(os, "fsync", failing_fsync)
+    with pytest.raises(OSError, match="disk on fire"):
+        txns.stage("t", "x", 0, b"lost")
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    txns.stage("t", "x", 0, b"next")
+    assert txns.prepare_commit("t") == (False, [("x", 0, b"ok"), ("x", 0, b"next")])
+
+
+def test_finished_ids_forgotten_only_past_both_limits(open_manager, clock):
+    txns = open_manager(keep_finished=2, finished_retention_ms=10_000)
+    for tid in ("a", "b", "c"):
+        txns.begin(tid)
+        txns.abort(tid)
+        clock.now += 1
+    txns.expire()
+    assert [txns.state(t) for t in "abc"] == [ABORTED] * 3  # too young to forget
+    clock.now += 10_000
+    txns.expire()
+    assert [txns.state(t) for t in "abc"] == [None, ABORTED, ABORTED]  # only beyond the newest 2
+    txns.close()
+    reopened = open_manager(keep_finished=2, finished_retention_ms=10_000)
+    assert [reopened.state(t) for t in "abc"] == [None, ABORTED, ABORTED]
+
+
+def test_default_timeout_and_bad_timeouts(open_manager, clock):
+    txns = open_manager(timeout_ms=50)
+    txns.begin("t")
+    clock.now += 50
+    assert txns.expire() == ["t"]
+    with pytest.raises(InvalidRequestError, match="timeout_ms must be an integer >= 0, got -1"):
+        txns.begin("u", timeout_ms=-1)
+    with pytest.raises(InvalidRequestError, match="timeout_ms must be an integer >= 1"):
+        open_manager(timeout_ms=0)
+
+
+@pytest.mark.parametrize("bad", ["", "x" * 257, None, 5])
+def test_invalid_txn_ids(txns, bad):
+    with pytest.raises(InvalidRequestError, match="transaction id must be a string of 1 to 256 characters"):
+        txns.begin(bad)
+
+
+def test_longest_txn_id_and_any_characters(txns):
+    for tid in ("x" * 256, "../../etc/passwd", "query-1/batch 7 ✓"):
+        assert txns.begin(tid) == OPEN
+        txns.stage(tid, "x", 0, b"1")
+        assert txns.prepare_commit(tid) == (False, [("x", 0, b"1")])
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("", 0, b""), "topic must be a non-empty string"),
+        (("x", -1, b""), "queue id must be an integer >= 0"),
+        (("x", 0, "text"), "payload must be bytes, got str"),
+    ],
+)
+def test_invalid_stage_arguments(txns, args, message):
+    txns.begin("t")
+    with pytest.raises(InvalidRequestError, match=message):
+        txns.stage("t", *args)
+
+
+def test_fsync_false_still_recovers_after_close(open_manager):
+    first = open_manager(fsync=False)
+    first.begin("t")
+    first.stage("t", "x", 0, b"1")
+    first.close()
+    assert open_manager(fsync=False).prepare_commit("t") == (False, [("x", 0, b"1")])
+
+
+def test_concurrent_staging_keeps_each_writer_in_order(txns):
+    txns.begin("shared")
+    txns.begin("other")
+
+    def run(qid: int) -> None:
+        for i in range(25):
+            txns.stage("shared" if qid < 3 else "other", "x", qid, f"{qid}:{i}".encode())
+
+    threads = [threading.Thread(target=run, args=(qid,)) for qid in range(5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    _, entries = txns.prepare_commit("shared")
+    assert len(entries) == 75
+    for qid in range(3):
+        assert [p for _, q, p in entries if q == qid] == [f"{qid}:{i}".encode() for i in range(25)]
+    assert len(txns.prepare_commit("other")[1]) == 50
+
+
+def test_kill_9_while_staging_loses_nothing_acknowledged(directory):
+    """A broker process killed mid-append keeps every acknowledged send, in order, and stays usable."""
+    root = Path(__file__).resolve().parents[2]
+    script = textwrap.dedent(
+        f"""
+        import sys
+        sys.path.insert(0, {str(root)!r})
+        from broker.transactions import TransactionManager
+        txns = TransactionManager({str(directory)!r})
+        txns.begin("t", timeout_ms=3_600_000)
+        i = 0
+        while True:
+            txns.stage("t", "x", i % 4, str(i).encode() * (1 + i % 300))
+            print(i, flush=True)
+            i += 1
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    acked = -1
+    while acked < 200:
+        acked = int(proc.stdout.readline())
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    proc.stdout.close()
+    txns = TransactionManager(directory)
+    try:
+        _, entries = txns.prepare_commit("t")
+        assert len(entries) > acked
+        assert entries == [("x", i % 4, str(i).encode() * (1 + i % 300)) for i in range(len(entries))]
+    finally:
+        txns.close()
