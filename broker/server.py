@@ -15,6 +15,7 @@ from pathlib import Path
 import grpc
 import pyarrow as pa
 import pyarrow.compute as pc
+from google.protobuf.message import DecodeError
 
 import broker
 from broker.config import BrokerConfig
@@ -315,6 +316,38 @@ def _filter_by_tags(batches: list[bytes], tags: frozenset[str]) -> tuple[list[by
     return out, count
 
 
+def _parsed(method, request_type):
+    """Parse the request bytes ourselves so a malformed message gets INVALID_ARGUMENT and a
+    message naming the expected type (gRPC's own deserializer answers INTERNAL)."""
+
+    def handler(raw: bytes, context):
+        try:
+            request = request_type.FromString(raw)
+        except DecodeError:
+            context.set_trailing_metadata(((ERROR_KIND_KEY, "InvalidRequestError"),))
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"malformed request: {len(raw)} bytes that are not a valid {request_type.DESCRIPTOR.full_name}; "
+                          "use the stubs generated from broker/proto/orderlymq.proto")
+        return method(request, context)
+
+    return handler
+
+
+def _service_handler(service: BrokerService) -> grpc.GenericRpcHandler:
+    handlers = {}
+    for method in pb.DESCRIPTOR.services_by_name["OrderlyMQ"].methods:
+        request_type = getattr(pb, method.input_type.name)
+        serialize = getattr(pb, method.output_type.name).SerializeToString
+        impl = getattr(service, method.name)
+        if method.client_streaming:
+            handlers[method.name] = grpc.stream_stream_rpc_method_handler(
+                impl, request_deserializer=request_type.FromString, response_serializer=serialize)
+        else:
+            handlers[method.name] = grpc.unary_unary_rpc_method_handler(
+                _parsed(impl, request_type), request_deserializer=None, response_serializer=serialize)
+    return grpc.method_handlers_generic_handler("orderlymq.v1.OrderlyMQ", handlers)
+
+
 @dataclass
 class RunningBroker:
     """A broker serving in this process; ``stop()`` shuts it down cleanly."""
@@ -331,6 +364,8 @@ class RunningBroker:
         return f"{self.config.host}:{self.port}"
 
     def stop(self, grace: float = 1.0) -> None:
+        if self._stop_event.is_set():
+            return
         self._stop_event.set()
         self.server.stop(grace).wait()
         self._housekeeper.join(timeout=5)
@@ -353,7 +388,7 @@ def start_broker(config: BrokerConfig) -> RunningBroker:
             ("grpc.so_reuseport", 0),
         ],
     )
-    pb_grpc.add_OrderlyMQServicer_to_server(service, server)
+    server.add_generic_rpc_handlers((_service_handler(service),))
     port = server.add_insecure_port(f"{config.host}:{config.port}")
     if port == 0:
         service.close()

@@ -65,6 +65,7 @@ class QueueLog:
         self.sync = sync
         self.clock = clock
         self.dirty = False
+        self._closed = False
         self.cut_reports: list[CutReport] = []
         self._lock = threading.Lock()
         self._appended = threading.Condition(self._lock)
@@ -273,6 +274,9 @@ class QueueLog:
 
     def close(self) -> None:
         with self._lock:
+            if self._closed:
+                return
+            self._closed = True
             self.segments[-1].sync()
             for seg in self.segments + self._retired:
                 seg.close()

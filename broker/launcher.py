@@ -1,0 +1,77 @@
+"""Run a broker as a child process (the "embedded" broker of the demo, benchmarks and tests).
+
+``BrokerProcess(data_dir).start()`` returns once the broker serves, on an ephemeral loopback port
+unless one is given; ``kill9()`` and ``start()`` again reuse the data dir and the port.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+__all__ = ["BrokerProcess"]
+
+
+class BrokerProcess:
+    def __init__(self, data_dir: str | Path, *args: str, port: int = 0, log_path: str | Path | None = None) -> None:
+        self.data_dir = Path(data_dir)
+        self.args = list(args)
+        self.port = port
+        self.proc: subprocess.Popen | None = None
+        self.log_path = Path(log_path) if log_path else self.data_dir.parent / f"{self.data_dir.name}-broker.log"
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def start(self, timeout: float = 30.0) -> BrokerProcess:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        port_file = self.data_dir / ".port"
+        port_file.unlink(missing_ok=True)
+        cmd = [sys.executable, "-m", "broker", "--data-dir", str(self.data_dir), "--port", str(self.port),
+               "--port-file", str(port_file), *self.args]
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                         cwd=Path(__file__).resolve().parent.parent)
+        deadline = time.monotonic() + timeout
+        while not port_file.exists():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"broker exited with code {self.proc.returncode}:\n{self.log_text()[-2000:]}")
+            if time.monotonic() > deadline:
+                self.kill9()
+                raise TimeoutError(f"broker did not start within {timeout:.0f}s; see {self.log_path}")
+            time.sleep(0.05)
+        self.port = int(port_file.read_text())
+        return self
+
+    def kill9(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self, timeout: float = 30.0) -> int:
+        """SIGTERM and wait: a clean shutdown. Returns the exit code."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                return self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.kill9()
+        return self.proc.returncode if self.proc else 0
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def __enter__(self) -> BrokerProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
