@@ -1,0 +1,306 @@
+"""The producer: routes messages to queues with a selector and sends them in per-queue order.
+
+Every send, synchronous or not, goes through one pipelined ``SendStream``
+(``connector.client.sender``): a later message of a queue is never stored before an earlier one,
+even when the stream breaks and batches are resent.
+
+Example
+-------
+>>> with Producer("127.0.0.1:9876") as producer:                        # doctest: +SKIP
+...     result = producer.send("orders", b"created", key="order-42", tag="TagA")
+...     print(result.queue_id, result.queue_offset)
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
+from typing import Any
+
+import pyarrow as pa
+
+from broker.wire import codec
+from broker.wire.errors import InvalidRequestError, QueueOutOfRangeError
+from broker.wire.routing import queue_for_key
+from connector.client.connection import BrokerConnection
+from connector.client.messages import Message, MessageQueue, SendResult
+from connector.client.routes import RouteCache
+from connector.client.selectors import QueueSelector, SelectByHash, SelectRoundRobin, resolve_selector, select_queue
+from connector.client.sender import PipelinedSender
+
+__all__ = ["Producer", "RoutedChunk"]
+
+Messages = pa.Table | pa.RecordBatch | Sequence[Mapping[str, Any]]
+
+
+class RoutedChunk:
+    """The rows of a send that go to one queue, and their positions in the caller's input."""
+
+    __slots__ = ("queue_id", "table", "positions")
+
+    def __init__(self, queue_id: int, table: pa.Table, positions: list[int]) -> None:
+        self.queue_id = queue_id
+        self.table = table
+        self.positions = positions
+
+
+def _check_key(key: Any) -> None:
+    if key is not None and (isinstance(key, bool) or not isinstance(key, str | int | bytes | bytearray | memoryview)):
+        raise InvalidRequestError(f"sharding key must be str, int or bytes, got {type(key).__name__} {key!r}")
+
+
+class Producer:
+    """Sends messages to topics, routing each to a queue; thread-safe.
+
+    Parameters
+    ----------
+    brokers : str
+        ``"host:port[,host:port]"``.
+    producer_group : str
+        A name for this kind of producer (logged; part of the idempotent producer id).
+    timeout : float
+        Seconds one RPC attempt may take, and how long ``send`` waits for its acknowledgement
+        on top of ``retry_timeout``.
+    retry_timeout : float
+        How long an unreachable broker is retried before sends fail with ``BrokerUnavailableError``.
+    linger_ms : float
+        How long an asynchronous send may wait to be coalesced with others of its queue.
+    max_batch_messages, max_batch_bytes : int
+        The largest batch sent in one request.
+    max_in_flight_per_queue : int
+        Batches of one queue sent before the first is acknowledged.
+    max_buffered_messages : int
+        Messages waiting to be sent before ``send_async`` blocks.
+    route_ttl : float
+        Seconds a topic's queue count is cached.
+    """
+
+    def __init__(
+        self,
+        brokers: str,
+        *,
+        producer_group: str = "DEFAULT_PRODUCER",
+        timeout: float = 10.0,
+        retry_timeout: float = 30.0,
+        linger_ms: float = 5.0,
+        max_batch_messages: int = 1000,
+        max_batch_bytes: int = 1 << 20,
+        max_in_flight_per_queue: int = 4,
+        max_buffered_messages: int = 100_000,
+        route_ttl: float = 30.0,
+    ) -> None:
+        self.connection = BrokerConnection(brokers, timeout=timeout, retry_timeout=retry_timeout)
+        self.producer_group = producer_group
+        # Unique per instance: sequences restart at 0, so a reused id would look like a resend.
+        self.producer_id = f"{producer_group}-{uuid.uuid4().hex}"
+        self.timeout = timeout
+        self.retry_timeout = retry_timeout
+        self.routes = RouteCache(self.connection, ttl=route_ttl)
+        self._hash = SelectByHash()
+        self._round_robin = SelectRoundRobin()
+        self._sender = PipelinedSender(
+            self.connection,
+            self.producer_id,
+            linger_ms=linger_ms,
+            max_batch_messages=max_batch_messages,
+            max_batch_bytes=max_batch_bytes,
+            max_in_flight_per_queue=max_in_flight_per_queue,
+            max_buffered_messages=max_buffered_messages,
+            retry_timeout=retry_timeout,
+        )
+
+    # -- routing -------------------------------------------------------------------------------
+
+    def queues(self, topic: str) -> list[MessageQueue]:
+        """The topic's queues (cached route); ``TopicNotFoundError`` when it does not exist."""
+        return self.routes.queues(topic)
+
+    def _selector_for(self, selector: QueueSelector | None, key: Any) -> QueueSelector:
+        if selector is not None:
+            return selector
+        return self._round_robin if key is None else self._hash
+
+    def select_queue(
+        self,
+        topic: str,
+        key: str | int | bytes | None = None,
+        *,
+        selector: str | QueueSelector | None = None,
+        arg: Any = None,
+        message: Message | None = None,
+    ) -> int:
+        """The queue id a message with ``key`` goes to, as ``send`` would pick it."""
+        _check_key(key)
+        queues = self.queues(topic)
+        msg = message or Message(topic=topic, body=b"", key=key)
+        return select_queue(self._selector_for(resolve_selector(selector), key), queues, msg, arg)
+
+    def route(
+        self,
+        topic: str,
+        messages: Messages,
+        *,
+        selector: str | QueueSelector | None = None,
+        arg: Any = None,
+        queue_id: int | None = None,
+    ) -> list[RoutedChunk]:
+        """Split messages into one normalized table per queue, each in input order."""
+        queues = self.queues(topic)
+        if isinstance(messages, pa.RecordBatch):
+            messages = pa.Table.from_batches([messages])
+        if isinstance(messages, pa.Table):
+            table = codec.normalize(messages)
+            raw = messages.column("key").to_pylist() if "key" in messages.column_names else [None] * messages.num_rows
+            rows: Callable[[int], Message] = lambda i: _row_message(topic, messages, i, raw[i])  # noqa: E731
+        else:
+            if not isinstance(messages, Sequence) or isinstance(messages, str | bytes):
+                raise InvalidRequestError("messages must be an Arrow table or a list of dicts with a 'body'")
+            for m in messages:
+                if not isinstance(m, Mapping):
+                    raise InvalidRequestError(f"each message must be a dict with a 'body', got {type(m).__name__}")
+            table = codec.messages_to_batch(messages)
+            raw = [m.get("key") for m in messages]
+            rows = lambda i: _dict_message(topic, messages[i])  # noqa: E731
+        n = table.num_rows
+        if queue_id is not None:
+            if isinstance(queue_id, bool) or not isinstance(queue_id, int) or not 0 <= queue_id < len(queues):
+                raise QueueOutOfRangeError(
+                    f"queue_id {queue_id!r} out of range: topic {topic!r} has queues 0..{len(queues) - 1}"
+                )
+            return [RoutedChunk(queue_id, table, list(range(n)))]
+        chosen = resolve_selector(selector)
+        positions: dict[int, list[int]] = defaultdict(list)
+        for i in range(n):
+            key = raw[i]
+            _check_key(key)
+            sel = self._selector_for(chosen, key)
+            if isinstance(sel, SelectByHash) and key is not None:
+                positions[queue_for_key(key, len(queues))].append(i)
+            else:
+                positions[select_queue(sel, queues, rows(i), arg)].append(i)
+        if len(positions) == 1:
+            ((qid, pos),) = positions.items()
+            return [RoutedChunk(qid, table, pos)]
+        return [RoutedChunk(qid, table.take(pa.array(pos, pa.int64())), pos) for qid, pos in sorted(positions.items())]
+
+    # -- sending -------------------------------------------------------------------------------
+
+    def send_async(
+        self,
+        topic: str,
+        body: bytes | str,
+        key: str | int | bytes | None = None,
+        tag: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        selector: str | QueueSelector | None = None,
+        arg: Any = None,
+        *,
+        queue_id: int | None = None,
+        callback: Callable[[Future], None] | None = None,
+    ) -> Future:
+        """Queue one message; the returned future resolves to its ``SendResult``.
+
+        Messages of one queue are stored in the order ``send_async`` was called (per thread).
+        """
+        msg = {"body": body, "key": key, "tag": tag, "properties": properties}
+        (chunk,) = self.route(topic, [msg], selector=selector, arg=arg, queue_id=queue_id)
+        (future,) = self._sender.submit(topic, chunk.queue_id, chunk.table, single=True, urgent=False)
+        if callback is not None:
+            future.add_done_callback(callback)
+        return future
+
+    def send(
+        self,
+        topic: str,
+        body: bytes | str,
+        key: str | int | bytes | None = None,
+        tag: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        selector: str | QueueSelector | None = None,
+        arg: Any = None,
+        *,
+        queue_id: int | None = None,
+    ) -> SendResult:
+        """Send one message and wait until the broker stored it; returns where.
+
+        Raises ``TopicNotFoundError``, ``InvalidRequestError`` (null key with the hash selector, bad
+        key type), ``QueueOutOfRangeError`` (a selector's bad answer), ``BrokerUnavailableError``.
+        """
+        msg = {"body": body, "key": key, "tag": tag, "properties": properties}
+        (chunk,) = self.route(topic, [msg], selector=selector, arg=arg, queue_id=queue_id)
+        (future,) = self._sender.submit(topic, chunk.queue_id, chunk.table, single=True, urgent=True)
+        return future.result(timeout=self._wait_timeout())
+
+    def send_batch(
+        self,
+        topic: str,
+        messages: Messages,
+        *,
+        selector: str | QueueSelector | None = None,
+        arg: Any = None,
+        queue_id: int | None = None,
+    ) -> list[SendResult]:
+        """Send many messages (an Arrow table, or dicts with ``body`` and optional ``key``, ``tag``,
+        ``properties``); each row is routed like ``send``. Returns one result per message, in input
+        order. Rows of one queue are stored in input order, in as few requests as the limits allow."""
+        futures = []
+        for chunk in self.route(topic, messages, selector=selector, arg=arg, queue_id=queue_id):
+            futures.append((chunk, self._sender.submit(topic, chunk.queue_id, chunk.table, single=False, urgent=True)))
+        total = sum(len(chunk.positions) for chunk, _ in futures)
+        out: list[SendResult | None] = [None] * total
+        for chunk, parts in futures:
+            results = [r for f in parts for r in f.result(timeout=self._wait_timeout())]
+            for position, result in zip(chunk.positions, results, strict=True):
+                out[position] = result
+        return out  # type: ignore[return-value]
+
+    def _wait_timeout(self) -> float:
+        return self.retry_timeout * 2 + self.timeout
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every message sent so far is acknowledged or failed; False on timeout."""
+        return self._sender.flush(timeout)
+
+    def transaction(self, txn_id: str | None = None, *, timeout_ms: int = 0):
+        """A broker transaction: ``with producer.transaction() as tx: tx.send(...)`` makes every
+        message of the block visible at once when it exits normally, none when it raises."""
+        from connector.client.transaction import Transaction
+
+        return Transaction(self, txn_id, timeout_ms=timeout_ms)
+
+    def close(self, timeout: float | None = None) -> None:
+        """Send what is buffered, then close the stream and the connection."""
+        self._sender.close(timeout)
+        self.connection.close()
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _row_message(topic: str, table: pa.Table, i: int, key: Any) -> Message:
+    row = table.slice(i, 1).to_pylist()[0]
+    body = row.get("body")
+    props = row.get("properties")
+    return Message(
+        topic=topic,
+        body=body.encode() if isinstance(body, str) else body,
+        key=key,
+        tag=row.get("tag"),
+        properties=dict(props) if props else {},
+    )
+
+
+def _dict_message(topic: str, m: Mapping[str, Any]) -> Message:
+    body = m.get("body")
+    return Message(
+        topic=topic,
+        body=body.encode() if isinstance(body, str) else bytes(body or b""),
+        key=m.get("key"),
+        tag=m.get("tag"),
+        properties=dict(m.get("properties") or {}),
+    )

@@ -1,0 +1,275 @@
+"""The pull consumer: the caller decides which queue, from which offset (RocketMQ's
+``DefaultLitePullConsumer`` with ``assign``/``seek``/``commitSync``).
+
+With ``group`` set, positions can be committed to the broker and queues locked: a locked queue's
+pulls and commits carry the lock's fencing epoch, and the broker refuses them with ``FencedError``
+once another client has taken the lock.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+import uuid
+
+from broker.wire import codec
+from broker.wire.errors import InvalidOptionError, LockUnavailableError, QueueOutOfRangeError
+from connector.client.connection import BrokerConnection, pb
+from connector.client.messages import Message, MessageQueue, PullResult
+from connector.client.routes import RouteCache
+
+__all__ = ["EARLIEST", "LATEST", "PullConsumer", "default_client_id"]
+
+EARLIEST = "earliest"
+LATEST = "latest"
+
+
+def default_client_id() -> str:
+    """``host@pid@random``: unique per consumer instance."""
+    return f"{socket.gethostname()}@{os.getpid()}@{uuid.uuid4().hex[:8]}"
+
+
+class PullConsumer:
+    """Pull messages from chosen queues at chosen offsets; thread-safe per queue.
+
+    Parameters
+    ----------
+    brokers : str
+        ``"host:port[,host:port]"``.
+    group : str, optional
+        Consumer group, needed to commit offsets and to lock queues.
+    client_id : str, optional
+        This instance's id in the group (default: host, pid and a random suffix).
+    timeout, retry_timeout : float
+        Seconds per RPC attempt, and how long an unreachable broker is retried.
+    """
+
+    def __init__(
+        self,
+        brokers: str,
+        *,
+        group: str | None = None,
+        client_id: str | None = None,
+        timeout: float = 10.0,
+        retry_timeout: float = 30.0,
+    ) -> None:
+        self.connection = BrokerConnection(brokers, timeout=timeout, retry_timeout=retry_timeout)
+        self.group = group
+        self.client_id = client_id or default_client_id()
+        self.routes = RouteCache(self.connection)
+        self._lock = threading.Lock()
+        self._positions: dict[MessageQueue, int] = {}
+        self._epochs: dict[MessageQueue, int] = {}
+        self._next_queue = 0
+
+    # -- single pulls --------------------------------------------------------------------------
+
+    def pull(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_messages: int = 32,
+        *,
+        wait_ms: int = 0,
+        max_bytes: int = 0,
+        tag_expression: str | None = None,
+    ) -> PullResult:
+        """Messages of one queue from ``offset`` on (at most ``max_messages``), in queue order.
+
+        ``wait_ms`` long-polls when nothing is stored at ``offset`` yet. When this consumer holds
+        the queue's lock (``lock``), the pull is fenced by its epoch. Raises ``TopicNotFoundError``,
+        ``QueueOutOfRangeError``, ``OffsetOutOfRangeError``, ``FencedError``.
+        """
+        mq = MessageQueue(topic, queue_id)
+        epoch = self._epochs.get(mq)
+        request = pb.PullRequest(
+            topic=topic,
+            queue_id=queue_id,
+            offset=offset,
+            max_messages=max_messages,
+            max_bytes=max_bytes,
+            wait_ms=wait_ms,
+            tag_expression=tag_expression or "",
+        )
+        if epoch is not None:
+            request.group, request.client_id, request.epoch = self.group or "", self.client_id, epoch
+        timeout = self.connection.timeout + wait_ms / 1000
+        response = self.connection.call("Pull", request, timeout=timeout)
+        table = codec.decode_many(response.batches)
+        return PullResult(
+            topic=topic,
+            queue_id=queue_id,
+            messages=Message.from_table(table, topic, queue_id),
+            next_offset=response.next_offset,
+            min_offset=response.min_offset,
+            max_offset=response.max_offset,
+        )
+
+    def query_offsets(self, topic: str, queue_id: int, timestamp_ms: int | None = None) -> tuple[int, int, int]:
+        """``(min_offset, max_offset, offset_for_timestamp)``; the last is max_offset without a timestamp."""
+        request = pb.QueryOffsetsRequest(topic=topic, queue_id=queue_id)
+        if timestamp_ms is not None:
+            request.timestamp, request.has_timestamp = int(timestamp_ms), True
+        r = self.connection.call("QueryOffsets", request)
+        return r.min_offset, r.max_offset, r.offset_for_timestamp
+
+    # -- assignment and positions --------------------------------------------------------------
+
+    def queues(self, topic: str) -> list[MessageQueue]:
+        """The topic's queues; ``TopicNotFoundError`` when it does not exist."""
+        return self.routes.queues(topic, refresh=True)
+
+    def assign(self, topic: str, queue_ids: list[int] | None = None, *, start: str = "committed") -> None:
+        """Consume ``queue_ids`` of ``topic`` (all queues when None) with ``poll``.
+
+        Each queue starts at the group's committed offset (``start="committed"``, falling back to
+        the earliest), or at ``"earliest"`` / ``"latest"``.
+        """
+        all_queues = self.queues(topic)
+        chosen = all_queues if queue_ids is None else [MessageQueue(topic, q) for q in queue_ids]
+        for mq in chosen:
+            if mq not in all_queues:
+                raise QueueOutOfRangeError(f"topic {topic!r} has queues 0..{len(all_queues) - 1}, not {mq.queue_id}")
+        for mq in chosen:
+            self._positions[mq] = self._start_offset(mq, start)
+
+    def assignment(self) -> list[MessageQueue]:
+        return sorted(self._positions)
+
+    def unassign(self, topic: str | None = None) -> None:
+        for mq in [m for m in self._positions if topic is None or m.topic == topic]:
+            del self._positions[mq]
+
+    def _start_offset(self, mq: MessageQueue, start: str) -> int:
+        lo, hi, _ = self.query_offsets(mq.topic, mq.queue_id)
+        if start == "committed":
+            committed = self.committed(mq.topic, mq.queue_id) if self.group else -1
+            return max(committed, lo) if committed >= 0 else lo
+        if start == EARLIEST:
+            return lo
+        if start == LATEST:
+            return hi
+        raise InvalidOptionError(f"start must be 'committed', 'earliest' or 'latest', got {start!r}")
+
+    def position(self, topic: str, queue_id: int) -> int:
+        """The offset the next ``poll`` of this queue starts at."""
+        return self._positions[self._assigned(topic, queue_id)]
+
+    def _assigned(self, topic: str, queue_id: int) -> MessageQueue:
+        mq = MessageQueue(topic, queue_id)
+        if mq not in self._positions:
+            raise InvalidOptionError(f"queue {mq} is not assigned; call assign({topic!r}, [{queue_id}]) first")
+        return mq
+
+    def seek(self, topic: str, queue_id: int, offset: int | str) -> int:
+        """Move an assigned queue to ``offset``, ``"earliest"`` or ``"latest"``; returns the offset."""
+        mq = self._assigned(topic, queue_id)
+        if isinstance(offset, str):
+            self._positions[mq] = self._start_offset(mq, offset)
+        else:
+            self._positions[mq] = int(offset)
+        return self._positions[mq]
+
+    def seek_to_timestamp(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        """Move an assigned queue to its first message stored at or after ``timestamp_ms``."""
+        mq = self._assigned(topic, queue_id)
+        self._positions[mq] = self.query_offsets(topic, queue_id, timestamp_ms)[2]
+        return self._positions[mq]
+
+    def poll(self, max_messages: int = 32, *, wait_ms: int = 0, tag_expression: str | None = None) -> list[Message]:
+        """The next messages of one assigned queue that has some (queues taken in turn).
+
+        Advances that queue's position; commit it with ``commit``. With ``wait_ms``, waits up to
+        that long in total when no queue has anything.
+        """
+        with self._lock:
+            queues = sorted(self._positions)
+        if not queues:
+            raise InvalidOptionError("no queue assigned; call assign(topic) first")
+        deadline = time.monotonic() + wait_ms / 1000
+        while True:
+            for _ in range(len(queues)):
+                with self._lock:
+                    mq = queues[self._next_queue % len(queues)]
+                    self._next_queue += 1
+                result = self.pull(
+                    mq.topic, mq.queue_id, self._positions[mq], max_messages, tag_expression=tag_expression
+                )
+                self._positions[mq] = result.next_offset
+                if result.messages:
+                    return result.messages
+            if time.monotonic() >= deadline:
+                return []
+            time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+
+    # -- offsets -------------------------------------------------------------------------------
+
+    def _require_group(self, what: str) -> str:
+        if not self.group:
+            raise InvalidOptionError(f"{what} needs a consumer group: PullConsumer(brokers, group='...')")
+        return self.group
+
+    def committed(self, topic: str, queue_id: int) -> int:
+        """The group's committed offset (the next to consume), -1 when none."""
+        request = pb.GetOffsetRequest(group=self._require_group("committed"), topic=topic, queue_id=queue_id)
+        return self.connection.call("GetOffset", request).offset
+
+    def commit(self, topic: str | None = None, queue_id: int | None = None, offset: int | None = None) -> None:
+        """Commit positions to the broker: one queue (``offset`` or its position) or every assigned
+        queue. Fenced by the lock epoch when this consumer locked the queue."""
+        group = self._require_group("commit")
+        if topic is not None and queue_id is not None:
+            mq = MessageQueue(topic, queue_id)
+            targets = {mq: offset if offset is not None else self.position(topic, queue_id)}
+        else:
+            targets = {mq: pos for mq, pos in self._positions.items() if topic is None or mq.topic == topic}
+        for mq, pos in targets.items():
+            request = pb.CommitOffsetRequest(group=group, topic=mq.topic, queue_id=mq.queue_id, offset=pos)
+            epoch = self._epochs.get(mq)
+            if epoch is not None:
+                request.client_id, request.epoch = self.client_id, epoch
+            self.connection.call("CommitOffset", request)
+
+    # -- locks ---------------------------------------------------------------------------------
+
+    def lock(self, topic: str, queue_id: int) -> int:
+        """Take (or renew) the group's lock of a queue; returns the fencing epoch.
+
+        Raises ``LockUnavailableError`` naming the holder when another live client has it.
+        """
+        group = self._require_group("lock")
+        request = pb.LockBatchRequest(group=group, client_id=self.client_id, topic=topic, queue_ids=[queue_id])
+        response = self.connection.call("LockBatch", request)
+        for held in response.locked:
+            if held.queue_id == queue_id:
+                self._epochs[MessageQueue(topic, queue_id)] = held.epoch
+                return held.epoch
+        holders = self.connection.call("QueryLocks", pb.QueryLocksRequest(group=group, topic=topic)).locks
+        holder = next((h.client_id for h in holders if h.queue_id == queue_id), "another client")
+        raise LockUnavailableError(
+            f"queue {topic}[{queue_id}] of group {group!r} is locked by {holder}; "
+            "it is released when that client unlocks it or its lease expires"
+        )
+
+    def unlock(self, topic: str, queue_id: int) -> None:
+        """Release the lock of a queue (pulls are no longer fenced)."""
+        group = self._require_group("unlock")
+        request = pb.UnlockBatchRequest(group=group, client_id=self.client_id, topic=topic, queue_ids=[queue_id])
+        self.connection.call("UnlockBatch", request)
+        self._epochs.pop(MessageQueue(topic, queue_id), None)
+
+    def epoch(self, topic: str, queue_id: int) -> int | None:
+        """The fencing epoch of a queue this consumer locked, else None."""
+        return self._epochs.get(MessageQueue(topic, queue_id))
+
+    def close(self) -> None:
+        self.connection.close()
+
+    def __enter__(self) -> PullConsumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

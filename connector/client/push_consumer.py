@@ -1,0 +1,473 @@
+"""What the orderly and the concurrent consumer share (RocketMQ's DefaultMQPushConsumer):
+group membership by heartbeat, rebalance, the pull loop, offsets and sending messages back.
+
+Threads of one consumer: a service thread (heartbeat, membership watch, rebalance, offset flush),
+a pull thread (every assigned queue in turn; pulls never block the broker, so a consumer holds at
+most one pull at a time), a pool of ``consume_threads`` running listeners, and a scheduler for
+delayed work. The subclass decides how pulled messages are consumed.
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from broker.wire import codec
+from broker.wire.errors import (
+    BrokerUnavailableError,
+    FencedError,
+    InvalidOptionError,
+    OffsetOutOfRangeError,
+    OrderlyMQError,
+    TopicNotFoundError,
+)
+from broker.wire.tags import parse_tag_expression
+from connector.client.connection import BrokerConnection, pb
+from connector.client.messages import (
+    PROPERTY_ORIGIN_OFFSET,
+    PROPERTY_ORIGIN_QUEUE_ID,
+    PROPERTY_ORIGIN_TOPIC,
+    PROPERTY_RECONSUME_TIMES,
+    Message,
+    MessageQueue,
+)
+from connector.client.offset_store import LocalOffsetStore, RemoteOffsetStore, check_consume_from, start_offset
+from connector.client.process_queue import ProcessQueue
+from connector.client.producer import Producer
+from connector.client.pull_consumer import default_client_id
+from connector.client.rebalance import ALLOCATORS, AllocateStrategy
+from connector.client.routes import RouteCache
+from connector.client.scheduler import Scheduler
+
+__all__ = ["BROADCASTING", "CLUSTERING", "PushConsumer", "dlq_topic", "retry_topic"]
+
+log = logging.getLogger(__name__)
+
+CLUSTERING = "clustering"
+BROADCASTING = "broadcasting"
+_GROUP_NAME = re.compile(r"^[A-Za-z0-9_.|-]{1,100}$")
+
+
+def dlq_topic(group: str) -> str:
+    """The group's dead-letter topic: ``%DLQ%<group>``."""
+    return f"%DLQ%{group}"
+
+
+def retry_topic(group: str) -> str:
+    """The group's retry topic (concurrent consumers): ``%RETRY%<group>``."""
+    return f"%RETRY%{group}"
+
+
+class PushConsumer(abc.ABC):
+    """Base class; use ``OrderlyConsumer`` or ``ConcurrentConsumer``. Parameters are documented there."""
+
+    orderly = False
+
+    def __init__(
+        self,
+        brokers: str,
+        group: str,
+        listener: Callable | None = None,
+        *,
+        client_id: str | None = None,
+        message_model: str = CLUSTERING,
+        consume_from: str = "committed",
+        consume_timestamp: int | None = None,
+        allocate: str | AllocateStrategy = "averagely",
+        rebalance_interval: float = 20.0,
+        heartbeat_interval: float = 5.0,
+        pull_batch_size: int = 32,
+        consume_batch_size: int = 1,
+        consume_threads: int = 4,
+        pull_threshold_per_queue: int = 1000,
+        max_reconsume_times: int = 16,
+        idle_pull_ms: int = 200,
+        offset_store_dir: str | Path | None = None,
+        timeout: float = 10.0,
+        retry_timeout: float = 30.0,
+    ) -> None:
+        if not isinstance(group, str) or not _GROUP_NAME.match(group):
+            raise InvalidOptionError(f"group must be 1-100 letters, digits, '_', '.', '|' or '-', got {group!r}")
+        if message_model not in (CLUSTERING, BROADCASTING):
+            raise InvalidOptionError(f"message_model must be 'clustering' or 'broadcasting', got {message_model!r}")
+        check_consume_from(consume_from, consume_timestamp)
+        if isinstance(allocate, str):
+            if allocate not in ALLOCATORS:
+                raise InvalidOptionError(f"allocate must be one of {', '.join(ALLOCATORS)} or a callable")
+            allocate = ALLOCATORS[allocate]
+        for name, value in (
+            ("pull_batch_size", pull_batch_size),
+            ("consume_batch_size", consume_batch_size),
+            ("consume_threads", consume_threads),
+            ("pull_threshold_per_queue", pull_threshold_per_queue),
+        ):
+            if not isinstance(value, int) or value < 1:
+                raise InvalidOptionError(f"{name} must be a positive integer, got {value!r}")
+        self.connection = BrokerConnection(brokers, timeout=timeout, retry_timeout=retry_timeout)
+        self.brokers = brokers
+        self.group = group
+        self.listener = listener
+        self.client_id = client_id or default_client_id()
+        self.message_model = message_model
+        self.consume_from = consume_from
+        self.consume_timestamp = consume_timestamp
+        self.allocate = allocate
+        self.rebalance_interval = rebalance_interval
+        self.heartbeat_interval = heartbeat_interval
+        self.pull_batch_size = pull_batch_size
+        self.consume_batch_size = consume_batch_size
+        self.consume_threads = consume_threads
+        self.pull_threshold_per_queue = pull_threshold_per_queue
+        self.max_reconsume_times = max_reconsume_times
+        self.idle_pull = idle_pull_ms / 1000
+        self.offset_store_dir = Path(offset_store_dir) if offset_store_dir else Path.home() / ".orderlymq" / "offsets"
+        self.routes = RouteCache(self.connection)
+        self.subscriptions: dict[str, str] = {}
+        self.table: dict[MessageQueue, ProcessQueue] = {}
+        self._table_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._rebalance_now = threading.Event()
+        self._members: list[str] = []
+        self._threads: list[threading.Thread] = []
+        self._executor: ThreadPoolExecutor | None = None
+        self._scheduler: Scheduler | None = None
+        self._producer: Producer | None = None
+        self._producer_lock = threading.Lock()
+        self._started = False
+        self.store: RemoteOffsetStore | LocalOffsetStore
+
+    @property
+    def broadcasting(self) -> bool:
+        return self.message_model == BROADCASTING
+
+    # -- configuration -------------------------------------------------------------------------
+
+    def subscribe(self, topic: str, tag_expression: str = "*") -> None:
+        """Consume ``topic``, only messages whose tag matches ``tag_expression`` (``"TagA || TagB"``)."""
+        parse_tag_expression(tag_expression)
+        if self._started:
+            raise InvalidOptionError("subscribe before start()")
+        self.subscriptions[topic] = tag_expression
+
+    def register_listener(self, listener: Callable) -> None:
+        """Set the listener (same as passing it to the constructor)."""
+        self.listener = listener
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Join the group, take this instance's queues and start consuming.
+
+        Raises ``TopicNotFoundError`` for a subscribed topic that does not exist, and
+        ``BrokerUnavailableError`` when no broker answers within ``retry_timeout``.
+        """
+        if self._started:
+            raise InvalidOptionError("consumer already started")
+        if self.listener is None:
+            raise InvalidOptionError("no listener: pass listener=... or call register_listener() before start()")
+        if not self.subscriptions:
+            raise InvalidOptionError("no subscription: call subscribe(topic) before start()")
+        for topic in self.subscriptions:
+            self.routes.queues(topic, refresh=True)
+        if self.broadcasting:
+            self.store = LocalOffsetStore(self.offset_store_dir / self.client_id, self.group)
+        else:
+            self.store = RemoteOffsetStore(self.connection, self.group, self.client_id)
+        self._prepare()
+        self._started = True
+        self._executor = ThreadPoolExecutor(self.consume_threads, thread_name_prefix=f"orderlymq-consume-{self.group}")
+        self._scheduler = Scheduler(f"orderlymq-scheduler-{self.group}")
+        self._heartbeat()
+        self._rebalance()
+        for name, target in self._thread_targets():
+            thread = threading.Thread(target=target, name=f"orderlymq-{name}-{self.group}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    @abc.abstractmethod
+    def _prepare(self) -> None:
+        """Subclass hook run by ``start`` before the first rebalance."""
+
+    def _thread_targets(self) -> list[tuple[str, Callable[[], None]]]:
+        return [("service", self._service_loop), ("pull", self._pull_loop)]
+
+    def shutdown(self) -> None:
+        """Stop pulling, let in-flight listeners finish, commit offsets and release the queues."""
+        if not self._started or self._stop.is_set():
+            return
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=30)
+        with self._table_lock:
+            pqs = list(self.table.values())
+        for pq in pqs:
+            pq.dropped = True
+        if self._scheduler is not None:
+            self._scheduler.stop()
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+        self._release_all(pqs)
+        try:
+            self.store.flush()
+        except OSError as exc:
+            log.error("consumer %s could not save its offsets: %s", self.client_id, exc)
+        if self._producer is not None:
+            self._producer.close()
+        self.connection.close()
+
+    @abc.abstractmethod
+    def _release_all(self, pqs: list[ProcessQueue]) -> None:
+        """Subclass hook: release whatever the queues hold on the broker."""
+
+    def __enter__(self) -> PushConsumer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def assignment(self) -> list[MessageQueue]:
+        """The queues this instance consumes now."""
+        with self._table_lock:
+            return sorted(mq for mq, pq in self.table.items() if not pq.dropped and self._consumable(pq))
+
+    def _consumable(self, pq: ProcessQueue) -> bool:
+        return True
+
+    # -- membership and rebalance --------------------------------------------------------------
+
+    def _heartbeat(self) -> None:
+        if self.broadcasting:
+            return
+        request = pb.HeartbeatRequest(group=self.group, client_id=self.client_id, topics=sorted(self.subscriptions))
+        self.connection.call("Heartbeat", request, retry=False)
+        members = list(self.connection.call("ListConsumers", pb.ListConsumersRequest(group=self.group)).client_ids)
+        if members != self._members:
+            log.info("group %s members: %s", self.group, members)
+            self._members = members
+            self._rebalance_now.set()
+
+    def _service_loop(self) -> None:
+        next_rebalance = time.monotonic() + self.rebalance_interval
+        next_heartbeat = time.monotonic() + self.heartbeat_interval
+        while not self._stop.is_set():
+            now = time.monotonic()
+            wait = max(0.0, min(next_rebalance, next_heartbeat) - now)
+            if self._rebalance_now.wait(wait):
+                pass
+            if self._stop.is_set():
+                return
+            now = time.monotonic()
+            try:
+                if now >= next_heartbeat:
+                    next_heartbeat = now + self.heartbeat_interval
+                    self._heartbeat()
+                if self._rebalance_now.is_set() or now >= next_rebalance:
+                    self._rebalance_now.clear()
+                    next_rebalance = now + self.rebalance_interval
+                    self._rebalance()
+                self._retry_commits()
+                self.store.flush()
+            except OrderlyMQError as exc:
+                log.warning("consumer %s: %s", self.client_id, exc)
+                self._stop.wait(min(1.0, self.heartbeat_interval))
+            except Exception:  # noqa: BLE001 - the service thread must survive anything
+                log.exception("consumer %s: service loop failed", self.client_id)
+                self._stop.wait(min(1.0, self.heartbeat_interval))
+
+    def _rebalance(self) -> None:
+        for topic in list(self.subscriptions) + self._extra_topics():
+            try:
+                self._rebalance_topic(topic)
+            except TopicNotFoundError as exc:
+                log.error("consumer %s: %s", self.client_id, exc)
+
+    def _extra_topics(self) -> list[str]:
+        return []
+
+    def _rebalance_topic(self, topic: str) -> None:
+        queues = self.routes.queues(topic, refresh=True)
+        if self.broadcasting:
+            allocated = set(queues)
+        else:
+            if self.client_id not in self._members:
+                return  # our heartbeat has not registered yet: taking nothing would drop every queue
+            allocated = set(self.allocate(queues, self._members, self.client_id))
+        with self._table_lock:
+            current = {mq: pq for mq, pq in self.table.items() if mq.topic == topic}
+        for mq, pq in current.items():
+            if mq not in allocated:
+                pq.dropped = True
+                if self._remove_unnecessary(pq):
+                    self._forget(pq)
+                    log.info("consumer %s released %s", self.client_id, mq)
+            elif pq.dropped and self._discard(pq):
+                self._forget(pq)
+        for mq in sorted(allocated):
+            with self._table_lock:
+                if mq in self.table:
+                    continue
+            pq = self._create_process_queue(mq)
+            if pq is not None:
+                with self._table_lock:
+                    self.table[mq] = pq
+                log.info("consumer %s took %s from offset %d", self.client_id, mq, pq.next_offset)
+
+    def _forget(self, pq: ProcessQueue) -> None:
+        with self._table_lock:
+            if self.table.get(pq.mq) is pq:
+                del self.table[pq.mq]
+
+    def _create_process_queue(self, mq: MessageQueue) -> ProcessQueue | None:
+        return ProcessQueue(mq, self._start_offset(mq))
+
+    def _start_offset(self, mq: MessageQueue) -> int:
+        return start_offset(self.connection, mq, self.store.read(mq), self.consume_from, self.consume_timestamp)
+
+    def _remove_unnecessary(self, pq: ProcessQueue) -> bool:
+        """A queue rebalanced away: True once it may leave the table."""
+        self._persist(pq)
+        return True
+
+    def _discard(self, pq: ProcessQueue) -> bool:
+        """A queue still ours whose local state is stale (fenced): True once it may be recreated."""
+        return True
+
+    # -- offsets -------------------------------------------------------------------------------
+
+    def _commit(self, pq: ProcessQueue, offset: int) -> bool:
+        """Commit ``offset`` for ``pq`` (fenced by its epoch when locked); False when fenced."""
+        if not pq.stage_commit(offset):
+            return True
+        return self._persist(pq)
+
+    def _persist(self, pq: ProcessQueue) -> bool:
+        offset = pq.pending_commit
+        if offset is None:
+            return True
+        try:
+            self.store.commit(pq.mq, offset, pq.epoch or None)
+        except FencedError as exc:
+            log.warning("consumer %s lost %s: %s", self.client_id, pq.mq, exc)
+            pq.locked = False
+            pq.dropped = True
+            self._rebalance_now.set()
+            return False
+        except OrderlyMQError as exc:
+            log.warning("consumer %s could not commit %s at %d (retrying): %s", self.client_id, pq.mq, offset, exc)
+            return True
+        pq.commit_done(offset)
+        return True
+
+    def _retry_commits(self) -> None:
+        with self._table_lock:
+            pqs = list(self.table.values())
+        for pq in pqs:
+            if pq.pending_commit is not None and not pq.dropped:
+                self._persist(pq)
+
+    # -- pulling -------------------------------------------------------------------------------
+
+    def _pullable(self, pq: ProcessQueue) -> bool:
+        return not pq.dropped and pq.count < self.pull_threshold_per_queue
+
+    def _pull_request(self, pq: ProcessQueue) -> pb.PullRequest:
+        return pb.PullRequest(
+            topic=pq.mq.topic,
+            queue_id=pq.mq.queue_id,
+            offset=pq.next_offset,
+            max_messages=self.pull_batch_size,
+            tag_expression=self.subscriptions.get(pq.mq.topic, "*"),
+        )
+
+    def _pull_loop(self) -> None:
+        idle = 0.01
+        while not self._stop.is_set():
+            with self._table_lock:
+                pqs = [pq for pq in self.table.values() if self._pullable(pq)]
+            got = False
+            for pq in pqs:
+                if self._stop.is_set() or not self._pullable(pq):
+                    continue
+                try:
+                    response = self.connection.call("Pull", self._pull_request(pq), retry=False)
+                except FencedError as exc:
+                    log.warning("consumer %s fenced on %s: %s", self.client_id, pq.mq, exc)
+                    pq.locked = False
+                    continue
+                except OffsetOutOfRangeError as exc:
+                    pq.next_offset = self._start_offset(pq.mq)
+                    log.warning("consumer %s: %s; moved %s to %d", self.client_id, exc, pq.mq, pq.next_offset)
+                    continue
+                except BrokerUnavailableError as exc:
+                    log.warning("consumer %s: %s", self.client_id, exc)
+                    self._stop.wait(0.5)
+                    break
+                except OrderlyMQError as exc:
+                    log.error("consumer %s cannot pull %s: %s", self.client_id, pq.mq, exc)
+                    continue
+                if pq.dropped:
+                    continue
+                messages = Message.from_table(codec.decode_many(response.batches), pq.mq.topic, pq.mq.queue_id)
+                previous, pq.next_offset = pq.next_offset, response.next_offset
+                if messages:
+                    got = True
+                    self._dispatch(pq, messages)
+                elif response.next_offset > previous and pq.idle():
+                    self._commit(pq, response.next_offset)  # everything up to here was filtered out by tag
+            if got:
+                idle = 0.01
+            else:
+                self._stop.wait(idle)
+                idle = min(idle * 2, self.idle_pull)
+
+    @abc.abstractmethod
+    def _dispatch(self, pq: ProcessQueue, messages: list[Message]) -> None:
+        """Hand freshly pulled messages of ``pq`` to the consume pool."""
+
+    # -- sending back --------------------------------------------------------------------------
+
+    def _send_back(self, topic: str, message: Message, extra: dict[str, str] | None = None) -> bool:
+        """Send a copy of ``message`` to ``topic`` (queue 0) with its origin; False when that failed."""
+        with self._producer_lock:
+            if self._producer is None:
+                self._producer = Producer(
+                    self.brokers,
+                    producer_group=f"{self.group}-sendback",
+                    timeout=self.connection.timeout,
+                    retry_timeout=self.connection.retry_timeout,
+                )
+        props = dict(message.properties)
+        props.setdefault(PROPERTY_ORIGIN_TOPIC, message.topic)
+        props.setdefault(PROPERTY_ORIGIN_QUEUE_ID, str(message.queue_id))
+        props.setdefault(PROPERTY_ORIGIN_OFFSET, str(message.queue_offset))
+        props[PROPERTY_RECONSUME_TIMES] = str(message.reconsume_times)
+        props.update(extra or {})
+        try:
+            key: Any = message.key
+            self._producer.send(topic, message.body, key=key, tag=message.tag, properties=props, queue_id=0)
+            return True
+        except OrderlyMQError as exc:
+            log.error(
+                "consumer %s could not send %s@%s to %s: %s",
+                self.client_id,
+                message.queue_offset,
+                message.queue,
+                topic,
+                exc,
+            )
+            return False
+
+    def _ensure_topic(self, topic: str) -> None:
+        request = pb.CreateTopicRequest(topic=topic, queue_count=1, if_not_exists=True)
+        self.connection.call("CreateTopic", request)
+
+    def _max_reconsume_reached(self, message: Message) -> bool:
+        return 0 <= self.max_reconsume_times <= message.reconsume_times

@@ -1,0 +1,137 @@
+"""Producer transactions: messages staged on the broker, visible all at once on commit.
+
+>>> with producer.transaction() as tx:                       # doctest: +SKIP
+...     tx.send("orders", b"debit", key="acct-1")
+...     tx.send("orders", b"credit", key="acct-2")
+
+Leaving the block normally commits; an exception aborts (nothing becomes visible) and propagates.
+Commit is idempotent on the broker (keyed by the transaction id), so it is retried while the broker
+is unreachable. A staged send is not retried: when one fails the transaction is aborted and the
+error raised, so no message can be staged twice. Within a queue, messages become visible in the
+order they were sent.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from broker.wire import codec
+from broker.wire.errors import OrderlyMQError, TransactionError
+from connector.client.connection import pb
+from connector.client.messages import SendResult
+from connector.client.selectors import QueueSelector
+
+if TYPE_CHECKING:
+    from connector.client.producer import Messages, Producer
+
+__all__ = ["Transaction"]
+
+
+class Transaction:
+    """One broker transaction of a producer; use it as a context manager or call ``commit``/``abort``.
+
+    Parameters
+    ----------
+    producer : Producer
+        Provides the connection and the routing (selectors) of ``send``.
+    txn_id : str, optional
+        Idempotency id (default: random). Reusing the id of a finished transaction raises
+        ``TransactionError``.
+    timeout_ms : int
+        The broker aborts the transaction after this long without activity (0: broker default).
+    """
+
+    def __init__(self, producer: Producer, txn_id: str | None = None, *, timeout_ms: int = 0) -> None:
+        self.producer = producer
+        self.txn_id = txn_id or f"{producer.producer_id}-txn-{uuid.uuid4().hex}"
+        self.timeout_ms = timeout_ms
+        self.state = "NEW"
+        self.count = 0
+
+    def begin(self) -> Transaction:
+        """Open the transaction on the broker (``__enter__`` does it)."""
+        response = self.producer.connection.call(
+            "BeginTxn", pb.BeginTxnRequest(txn_id=self.txn_id, timeout_ms=self.timeout_ms)
+        )
+        if response.state != "OPEN":
+            raise TransactionError(f"transaction {self.txn_id!r} is already {response.state}; use a new id")
+        self.state = "OPEN"
+        return self
+
+    def _require_open(self) -> None:
+        if self.state != "OPEN":
+            raise TransactionError(f"transaction {self.txn_id!r} is {self.state}; sends need an open transaction")
+
+    def send(
+        self,
+        topic: str,
+        body: bytes | str,
+        key: str | int | bytes | None = None,
+        tag: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        selector: str | QueueSelector | None = None,
+        arg: Any = None,
+        *,
+        queue_id: int | None = None,
+    ) -> SendResult:
+        """Stage one message, routed as ``Producer.send`` routes it; its ``queue_offset`` is -1."""
+        msg = {"body": body, "key": key, "tag": tag, "properties": properties}
+        return self.send_batch(topic, [msg], selector=selector, arg=arg, queue_id=queue_id)[0]
+
+    def send_batch(
+        self,
+        topic: str,
+        messages: Messages,
+        *,
+        selector: str | QueueSelector | None = None,
+        arg: Any = None,
+        queue_id: int | None = None,
+    ) -> list[SendResult]:
+        """Stage many messages (Arrow table or dicts); one result per message, in input order."""
+        self._require_open()
+        chunks = self.producer.route(topic, messages, selector=selector, arg=arg, queue_id=queue_id)
+        out: list[SendResult | None] = [None] * sum(len(c.positions) for c in chunks)
+        for chunk in chunks:
+            request = pb.SendRequest(
+                topic=topic, queue_id=chunk.queue_id, batch=codec.encode(chunk.table), txn_id=self.txn_id
+            )
+            try:
+                self.producer.connection.call("Send", request, retry=False)
+            except OrderlyMQError:
+                self._abort_quietly()
+                raise
+            for position in chunk.positions:
+                out[position] = SendResult(topic, chunk.queue_id, -1, 0)
+            self.count += len(chunk.positions)
+        return out  # type: ignore[return-value]
+
+    def commit(self) -> int:
+        """Make every staged message visible; returns how many the broker applied."""
+        self._require_open()
+        response = self.producer.connection.call("CommitTxn", pb.CommitTxnRequest(txn_id=self.txn_id))
+        self.state = "COMMITTED"
+        return response.count if not response.already_committed else self.count
+
+    def abort(self) -> None:
+        """Drop every staged message."""
+        if self.state != "OPEN":
+            return
+        self.producer.connection.call("AbortTxn", pb.AbortTxnRequest(txn_id=self.txn_id))
+        self.state = "ABORTED"
+
+    def _abort_quietly(self) -> None:
+        try:
+            self.abort()
+        except OrderlyMQError:
+            self.state = "ABORTED"  # the broker aborts it when its timeout passes
+
+    def __enter__(self) -> Transaction:
+        return self.begin()
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.commit()
+        else:
+            self._abort_quietly()
