@@ -68,7 +68,7 @@ class BrokerConfig:
     max_wait_ms : int
         Upper bound of a long-polling pull's wait.
     workers : int
-        Threads serving gRPC calls.
+        Threads serving gRPC calls; each long-polling pull holds one while it waits.
     log_level : str
         One of CRITICAL, ERROR, WARNING, INFO, DEBUG (any case).
     """
@@ -91,7 +91,7 @@ class BrokerConfig:
     max_pull_messages: int = 10_000
     max_pull_bytes: int = 16 * MIB
     max_wait_ms: int = 30_000
-    workers: int = 16
+    workers: int = 64
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:

@@ -162,8 +162,8 @@ class BrokerService(pb_grpc.OrderlyMQServicer):
             queue.wait_for_data(request.offset, wait_s)
         result = queue.read(
             request.offset,
-            request.max_messages or self.config.max_pull_messages,
-            request.max_bytes or self.config.max_pull_bytes,
+            min(request.max_messages or self.config.max_pull_messages, self.config.max_pull_messages),
+            min(request.max_bytes or self.config.max_pull_bytes, self.config.max_pull_bytes),
         )
         batches, count = result.batches, result.count
         if tags is not None:
@@ -302,6 +302,7 @@ class BrokerService(pb_grpc.OrderlyMQServicer):
     def close(self) -> None:
         self.store.flush()
         self.store.close()
+        self.txns.close()
 
 
 def _filter_by_tags(batches: list[bytes], tags: frozenset[str]) -> tuple[list[bytes], int]:

@@ -21,7 +21,7 @@ def test_defaults():
     assert (c.retention_ms, c.retention_bytes, c.retention_check_interval_ms) == (7 * 86_400_000, 0, 60_000)
     assert (c.lock_lease_ms, c.consumer_timeout_ms, c.txn_timeout_ms) == (60_000, 30_000, 60_000)
     assert (c.max_request_bytes, c.max_pull_messages, c.max_pull_bytes) == (128 * 1024 * 1024, 10_000, 16 * 1024 * 1024)
-    assert (c.max_wait_ms, c.workers, c.log_level) == (30_000, 16, "INFO")
+    assert (c.max_wait_ms, c.workers, c.log_level) == (30_000, 64, "INFO")
     assert c.data_path == Path("data")
 
 
@@ -45,7 +45,7 @@ def test_from_toml(tmp_path):
     path.write_text('[broker]\nport = 0\nflush = "sync"\ndata_dir = "/var/lib/orderlymq"\nlog_level = "debug"\n')
     c = BrokerConfig.from_toml(path)
     assert (c.port, c.flush, c.data_dir, c.log_level) == (0, "sync", "/var/lib/orderlymq", "DEBUG")
-    assert c.workers == 16
+    assert c.workers == 64
 
 
 def test_from_toml_empty_file_is_defaults(tmp_path):
