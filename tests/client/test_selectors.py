@@ -1,0 +1,127 @@
+"""Queue selectors: validation of their answers, and the producer's routing equals queue_for_key."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from broker.wire.routing import queue_for_key
+from connector.client import Admin, Message, MessageQueue, Producer, SelectByHash, SelectByModulo, SelectRoundRobin
+from connector.client.selectors import resolve_selector, select_queue
+from connector.errors import BadBatchError, InvalidOptionError, InvalidRequestError, QueueOutOfRangeError
+
+QUEUES = [MessageQueue("t", i) for i in range(8)]
+
+
+def msg(key=None) -> Message:
+    return Message(topic="t", body=b"x", key=key)
+
+
+def test_hash_selector_is_the_routing_function():
+    for key in (0, 7, -3, 10**12, "order-42", "ключ", b"\x00\x01", ""):
+        assert select_queue(SelectByHash(), QUEUES, msg(key), None) == queue_for_key(key, 8)
+
+
+def test_hash_selector_falls_back_to_arg_and_refuses_no_key():
+    assert select_queue(SelectByHash(), QUEUES, msg(), "abc") == queue_for_key("abc", 8)
+    with pytest.raises(InvalidRequestError, match="needs a sharding key"):
+        select_queue(SelectByHash(), QUEUES, msg(), None)
+
+
+def test_modulo_selector_is_order_id_mod_queue_count():
+    assert select_queue(SelectByModulo(), QUEUES, msg(), 13) == 5
+    assert select_queue(SelectByModulo(), QUEUES, msg(), -1) == 7
+    assert select_queue(SelectByModulo(), QUEUES, msg(21), None) == 5
+    with pytest.raises(InvalidRequestError, match="integer arg"):
+        select_queue(SelectByModulo(), QUEUES, msg("a"), None)
+
+
+def test_round_robin_cycles_through_all_queues():
+    rr = SelectRoundRobin()
+    picked = [select_queue(rr, QUEUES, msg(), None) for _ in range(16)]
+    assert sorted(picked) == sorted(list(range(8)) * 2)
+    assert all((b - a) % 8 == 1 for a, b in zip(picked, picked[1:], strict=False))
+
+
+@pytest.mark.parametrize(
+    "answer, error",
+    [
+        (8, "queues 0..7"),
+        (-1, "queues 0..7"),
+        (MessageQueue("other", 0), "another topic"),
+        ("1", "must return a MessageQueue or a queue id"),
+        (True, "must return a MessageQueue or a queue id"),
+    ],
+)
+def test_bad_selector_answers_raise_queue_out_of_range(answer, error):
+    with pytest.raises(QueueOutOfRangeError, match=error):
+        select_queue(lambda queues, message, arg: answer, QUEUES, msg("k"), None)
+
+
+def test_selector_names_and_types_are_checked():
+    assert isinstance(resolve_selector("modulo"), SelectByModulo)
+    with pytest.raises(InvalidOptionError, match="unknown selector 'nope'"):
+        resolve_selector("nope")
+    with pytest.raises(InvalidOptionError, match="must be a name or a callable"):
+        resolve_selector(42)
+
+
+@pytest.fixture(scope="module")
+def routed(shared_broker):
+    """A producer and an 8-queue topic on the module's broker."""
+    topic = f"route-{uuid.uuid4().hex[:8]}"
+    with Admin(shared_broker.address) as admin:
+        admin.create_topic(topic, 8)
+    with Producer(shared_broker.address, retry_timeout=5.0) as producer:
+        yield producer, topic
+
+
+keys = st.one_of(
+    st.integers(min_value=-(2**63), max_value=2**63 - 1),
+    st.text(max_size=40),
+    st.text(max_size=20).map(lambda s: s.encode("utf-8")),
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(key=keys)
+def test_producer_stores_every_key_in_the_queue_of_queue_for_key(routed, key):
+    producer, topic = routed
+    expected = queue_for_key(key, 8)
+    assert producer.select_queue(topic, key) == expected
+    result = producer.send(topic, b"payload", key=key)
+    assert result.queue_id == expected
+    stored = producer_pull_one(producer, topic, result.queue_id, result.queue_offset)
+    assert stored.key == (key.decode() if isinstance(key, bytes) else str(key))
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(key=st.binary(max_size=30))
+def test_any_binary_key_routes_by_its_raw_bytes(routed, key):
+    producer, topic = routed
+    assert producer.select_queue(topic, key) == queue_for_key(key, 8)
+    try:
+        key.decode("utf-8")
+    except UnicodeDecodeError:
+        # The key column is a string: such a key cannot be stored, and says so.
+        with pytest.raises(BadBatchError, match="not valid UTF-8"):
+            producer.send(topic, b"payload", key=key)
+    else:
+        assert producer.send(topic, b"payload", key=key).queue_id == queue_for_key(key, 8)
+
+
+def test_send_batch_routes_each_row_like_send(routed):
+    producer, topic = routed
+    rows = [{"body": f"{i}", "key": k} for i, k in enumerate([1, "a", b"b", 2**40, "ü", -5] * 3)]
+    results = producer.send_batch(topic, rows)
+    assert [r.queue_id for r in results] == [queue_for_key(r["key"], 8) for r in rows]
+
+
+def producer_pull_one(producer: Producer, topic: str, queue_id: int, offset: int) -> Message:
+    from connector.client import PullConsumer
+
+    with PullConsumer(producer.connection.address) as consumer:
+        return consumer.pull(topic, queue_id, offset, 1)[0]
