@@ -1,0 +1,138 @@
+"""What the connector asks the broker before reading or writing: routes, queue bounds, and the
+translation of ``startingOffsets`` / ``endingOffsets`` / timestamps into per-queue positions.
+
+Errors name the option that led to the request and how to fix it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+from broker.wire.errors import BrokerUnavailableError, InvalidOptionError, TopicNotFoundError
+from connector.client.connection import BrokerConnection, pb
+from connector.spark.offsets import Positions, QueueRef
+from connector.spark.options import EARLIEST, LATEST, OffsetSpec
+
+__all__ = ["QueueBounds", "all_queues", "describe_topics", "queue_bounds", "resolve_positions"]
+
+log = logging.getLogger(__name__)
+
+QueueBounds = tuple[int, int]  # (min offset still stored, offset the next message will get)
+
+
+def describe_topics(
+    conn: BrokerConnection, topics: Iterable[str], *, option: str = "topic"
+) -> dict[str, pb.TopicRoute]:
+    """``{topic: route}``; errors name ``option`` when a topic is missing or the broker is down."""
+    routes = {}
+    for topic in topics:
+        try:
+            routes[topic] = conn.call("DescribeTopic", pb.DescribeTopicRequest(topic=topic))
+        except TopicNotFoundError:
+            raise TopicNotFoundError(
+                f"topic {topic!r} (option '{option}') does not exist on broker {conn.address}: create it first, "
+                f"e.g. `orderlymq topic create {topic} --queues 8`, or fix the name"
+            ) from None
+        except BrokerUnavailableError as exc:
+            raise BrokerUnavailableError(
+                f"cannot reach the broker named by option 'brokers' ({','.join(conn.addresses)}): {exc}"
+            ) from None
+    return routes
+
+
+def all_queues(routes: dict[str, pb.TopicRoute]) -> list[QueueRef]:
+    return [(topic, q) for topic, route in sorted(routes.items()) for q in range(route.queue_count)]
+
+
+def queue_bounds(conn: BrokerConnection, ref: QueueRef, timestamp: int | None = None) -> tuple[int, int, int]:
+    """(min, max, offset for ``timestamp``) of one queue; the third is max when no timestamp."""
+    topic, queue_id = ref
+    response = conn.call(
+        "QueryOffsets",
+        pb.QueryOffsetsRequest(
+            topic=topic, queue_id=queue_id, timestamp=timestamp or 0, has_timestamp=timestamp is not None
+        ),
+    )
+    at = response.offset_for_timestamp if timestamp is not None else response.max_offset
+    return response.min_offset, response.max_offset, at
+
+
+def resolve_positions(
+    conn: BrokerConnection,
+    spec: OffsetSpec,
+    queues: Iterable[QueueRef],
+    *,
+    option: str,
+    group: str | None = None,
+    fail_on_data_loss: bool = True,
+) -> Positions:
+    """Per-queue positions that ``spec`` (the value of ``option``) denotes for ``queues``.
+
+    Explicit offsets are checked against what the broker holds: past the end is always an error;
+    below the earliest retained offset is an error with ``failOnDataLoss`` (the default), else the
+    position moves up to the earliest offset with a warning.
+    """
+    out: Positions = {}
+    queues = list(queues)
+    if spec.kind == "offsets":
+        _check_queue_ids(spec, queues, option)
+    for ref in queues:
+        topic, queue_id = ref
+        low, high, at = queue_bounds(conn, ref, spec.timestamp if spec.kind == "timestamp" else None)
+        if spec.kind == "earliest":
+            out[ref] = low
+        elif spec.kind == "latest":
+            out[ref] = high
+        elif spec.kind == "timestamp":
+            out[ref] = max(at, low)
+        elif spec.kind == "committed":
+            committed = conn.call("GetOffset", pb.GetOffsetRequest(group=group, topic=topic, queue_id=queue_id)).offset
+            out[ref] = low if committed < 0 else _in_range(committed, low, high, ref, option, fail_on_data_loss)
+        else:
+            wanted = spec.offsets[topic].get(queue_id, EARLIEST)
+            if wanted == EARLIEST:
+                out[ref] = low
+            elif wanted == LATEST:
+                out[ref] = high
+            else:
+                out[ref] = _in_range(wanted, low, high, ref, option, fail_on_data_loss)
+    return out
+
+
+def _check_queue_ids(spec: OffsetSpec, queues: list[QueueRef], option: str) -> None:
+    known = set(queues)
+    for topic, per_queue in spec.offsets.items():
+        for queue_id in per_queue:
+            if (topic, queue_id) not in known:
+                count = sum(1 for t, _ in queues if t == topic)
+                raise InvalidOptionError(
+                    f"option '{option}' names queue {queue_id} of topic {topic!r}, which has {count} queue(s) "
+                    f"(ids 0..{count - 1}): fix the queue id"
+                )
+
+
+def _in_range(offset: int, low: int, high: int, ref: QueueRef, option: str, fail_on_data_loss: bool) -> int:
+    topic, queue_id = ref
+    if offset > high:
+        raise InvalidOptionError(
+            f"option '{option}': offset {offset} of queue {topic}/{queue_id} is past its end ({high} messages "
+            f"stored): use an offset <= {high}, or -1 for the latest"
+        )
+    if offset < low:
+        if fail_on_data_loss:
+            raise InvalidOptionError(
+                f"option '{option}': offset {offset} of queue {topic}/{queue_id} was removed by retention "
+                f"(earliest retained offset is {low}): start at >= {low} (-2 for the earliest), or set "
+                "failOnDataLoss=false to skip the lost messages"
+            )
+        log.warning(
+            "queue %s/%d: offsets %d..%d were removed by retention; starting at %d (failOnDataLoss=false)",
+            topic,
+            queue_id,
+            offset,
+            low - 1,
+            low,
+        )
+        return low
+    return offset

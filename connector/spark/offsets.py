@@ -1,0 +1,93 @@
+"""Per-queue offsets as the source stores them in Spark's checkpoint: pure functions, no I/O.
+
+A source offset is a JSON object::
+
+    {"clientId": "spark-3f2c...", "queues": {"orders": {"0": 12, "1": 7}}}
+
+``clientId`` is the consumer identity of the query (minted once in ``initialOffset`` and carried
+in every offset, so a restart from the checkpoint re-acquires its own queue locks at once);
+``queues`` maps each topic to ``{queue id: next offset to read}``. The JSON is always built by
+``to_json`` with sorted topics and numerically sorted queues, because Spark compares offsets by
+their JSON: the same positions must always serialize the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from broker.wire.errors import InvalidOptionError
+
+__all__ = ["Positions", "QueueRef", "admit", "client_id_of", "positions_of", "queues_of", "to_json"]
+
+QueueRef = tuple[str, int]
+Positions = dict[QueueRef, int]
+
+
+def to_json(client_id: str | None, positions: Mapping[QueueRef, int]) -> dict:
+    """The canonical offset dict of ``positions``."""
+    queues: dict[str, dict[str, int]] = {}
+    for topic, queue_id in sorted(positions):
+        queues.setdefault(topic, {})[str(queue_id)] = int(positions[(topic, queue_id)])
+    out: dict = {}
+    if client_id is not None:
+        out["clientId"] = client_id
+    out["queues"] = queues
+    return out
+
+
+def positions_of(offset: Mapping) -> Positions:
+    """The ``{(topic, queue): offset}`` of an offset dict (from ``to_json`` or a checkpoint)."""
+    if not isinstance(offset, Mapping) or not isinstance(offset.get("queues"), Mapping):
+        raise InvalidOptionError(
+            f"checkpointed offset {offset!r} is not an orderlymq source offset: was the checkpoint written by "
+            "another source? use a new checkpointLocation"
+        )
+    return {
+        (topic, int(queue)): int(position)
+        for topic, queues in offset["queues"].items()
+        for queue, position in queues.items()
+    }
+
+
+def client_id_of(offset: Mapping) -> str:
+    client_id = offset.get("clientId") if isinstance(offset, Mapping) else None
+    if not client_id:
+        raise InvalidOptionError(
+            f"checkpointed offset {offset!r} carries no clientId: it was not written by a streaming orderlymq "
+            "source; use a new checkpointLocation"
+        )
+    return str(client_id)
+
+
+def admit(start: Mapping[QueueRef, int], latest: Mapping[QueueRef, int], max_rows: int | None) -> Positions:
+    """End positions that admit at most ``max_rows`` offsets past ``start`` (all when None).
+
+    The budget is shared max-min fairly: queues with little backlog take all of it, the rest
+    split what remains evenly, and every trigger with a budget makes progress. Offsets, not
+    rows, are counted, so with a tag filter a trigger may yield fewer rows than the budget.
+    """
+    end = {ref: max(latest.get(ref, pos), pos) for ref, pos in start.items()}
+    for ref, pos in latest.items():
+        end.setdefault(ref, pos)
+    if max_rows is None:
+        return end
+    lag = {ref: end[ref] - start.get(ref, 0) for ref in end}
+    backlog = sorted((ref for ref in lag if lag[ref] > 0), key=lambda ref: (lag[ref], ref))
+    admitted = {ref: start.get(ref, 0) for ref in end}
+    remaining = max_rows
+    for i, ref in enumerate(backlog):
+        if remaining <= 0:
+            break
+        share = max(remaining // (len(backlog) - i), 1)
+        take = min(lag[ref], share)
+        admitted[ref] += take
+        remaining -= take
+    return admitted
+
+
+def queues_of(positions: Iterable[QueueRef]) -> dict[str, list[int]]:
+    """``{topic: sorted queue ids}`` of some queue refs."""
+    out: dict[str, list[int]] = {}
+    for topic, queue_id in sorted(set(positions)):
+        out.setdefault(topic, []).append(queue_id)
+    return out

@@ -1,0 +1,78 @@
+"""The source's Spark schema and the Arrow conversion of pulled batches into it.
+
+A pull returns ``STORED_SCHEMA`` tables (``broker.wire.codec``); ``to_spark_batch`` turns one into
+a ``pyarrow.RecordBatch`` of exactly the Arrow schema Spark expects for ``source_schema()``, with
+Arrow compute only: no Python loop over messages.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.types import (
+    BinaryType,
+    IntegerType,
+    LongType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+__all__ = ["SOURCE_COLUMNS", "arrow_schema", "source_schema", "to_spark_batch"]
+
+SOURCE_COLUMNS = (
+    "topic",
+    "broker",
+    "queue_id",
+    "queue_offset",
+    "key",
+    "tag",
+    "body",
+    "properties",
+    "born_timestamp",
+    "store_timestamp",
+)
+
+
+def source_schema(include_properties: bool = True) -> StructType:
+    """The rows a read yields; ``properties`` is left out when ``include_properties`` is false."""
+    fields = [
+        StructField("topic", StringType(), False),
+        StructField("broker", StringType(), False),
+        StructField("queue_id", IntegerType(), False),
+        StructField("queue_offset", LongType(), False),
+        StructField("key", StringType(), True),
+        StructField("tag", StringType(), True),
+        StructField("body", BinaryType(), False),
+        StructField("properties", MapType(StringType(), StringType(), True), True),
+        StructField("born_timestamp", TimestampType(), True),
+        StructField("store_timestamp", TimestampType(), True),
+    ]
+    if not include_properties:
+        fields = [f for f in fields if f.name != "properties"]
+    return StructType(fields)
+
+
+def arrow_schema(schema: StructType) -> pa.Schema:
+    """The Arrow schema Spark checks the batches of ``read()`` against."""
+    return to_arrow_schema(schema, timezone="UTC")
+
+
+def to_spark_batch(table: pa.Table, target: pa.Schema, *, topic: str, broker: str, queue_id: int) -> pa.RecordBatch:
+    """Conform a pulled ``STORED_SCHEMA`` table to ``target`` (a projection of ``source_schema``)."""
+    n = table.num_rows
+    constant = {
+        "topic": pa.repeat(pa.scalar(topic, pa.string()), n),
+        "broker": pa.repeat(pa.scalar(broker, pa.string()), n),
+        "queue_id": pa.repeat(pa.scalar(queue_id, pa.int32()), n),
+    }
+    arrays = []
+    for f in target:
+        if f.name in constant:
+            arrays.append(constant[f.name])
+            continue
+        column = table.column(f.name).combine_chunks()
+        arrays.append(column if column.type == f.type else column.cast(f.type))
+    return pa.RecordBatch.from_arrays(arrays, schema=target)

@@ -1,0 +1,87 @@
+"""The ``orderlymq`` data source: names the source, states the schema, creates readers and writers.
+
+Options are checked here, when Spark plans the query (``SourceOptions`` / ``SinkOptions``), so a
+bad option fails before any task runs; see ``docs/spark.md`` for every option and its default.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+)
+from pyspark.sql.types import StructType
+
+from connector.client.connection import BrokerConnection
+from connector.spark import metadata
+from connector.spark.batch_reader import OrderlyMQBatchReader
+from connector.spark.options import SinkOptions, SourceOptions
+from connector.spark.schema import source_schema
+from connector.spark.sink_columns import SinkColumns
+from connector.spark.stream_reader import OrderlyMQStreamReader
+from connector.spark.writer import OrderlyMQStreamWriter, OrderlyMQWriter
+
+__all__ = ["OrderlyMQDataSource"]
+
+
+class OrderlyMQDataSource(DataSource):
+    """Read and write orderlymq topics, keeping the order of every sharding key.
+
+    Name: ``orderlymq``
+
+    Source options (``spark.read`` / ``spark.readStream``): ``brokers`` (required), ``topic`` or
+    ``topics`` (required), ``consumerGroup`` (required for streams), ``tags`` (``*``),
+    ``startingOffsets`` (``committed`` for streams, ``earliest`` for batch reads; or ``latest`` or
+    per-queue JSON), ``startingTimestamp``, ``endingOffsets`` (``latest``, batch reads),
+    ``endingTimestamp``, ``maxMessagesPerTrigger`` (none), ``failOnDataLoss`` (true),
+    ``lockTimeoutMs`` (65000), ``pollTimeoutMs`` (30000), ``includeProperties`` (true).
+
+    Sink options (``df.write`` / ``df.writeStream``): ``brokers`` (required), ``topic`` (or a
+    ``topic`` column), ``shardingKey`` (or a ``queue_id`` column), ``bodyColumn`` (``body``),
+    ``tagColumn``, ``propertiesColumns``, ``exactlyOnce`` (true), ``maxBatchBytes`` (4 MiB),
+    ``transactionTimeoutMs`` (broker default).
+
+    Examples
+    --------
+    >>> (spark.readStream.format("orderlymq")
+    ...     .option("brokers", "127.0.0.1:9876").option("topic", "orders")
+    ...     .option("consumerGroup", "billing").load()
+    ...     .writeStream.format("orderlymq").option("brokers", "127.0.0.1:9876")
+    ...     .option("topic", "orders-copy").option("shardingKey", "key")
+    ...     .option("checkpointLocation", "/tmp/ckpt").start())
+    """
+
+    @classmethod
+    def name(cls) -> str:
+        return "orderlymq"
+
+    def schema(self) -> StructType:
+        value = str(self.options.get("includeProperties", "true")).strip().lower()
+        return source_schema(include_properties=value not in ("false", "0", "no"))
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return OrderlyMQBatchReader(SourceOptions.from_options(self.options, streaming=False), schema)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return OrderlyMQStreamReader(SourceOptions.from_options(self.options, streaming=True), schema)
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        options, columns, counts = _plan_write(self.options, schema)
+        return OrderlyMQWriter(options, columns, counts)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        options, columns, counts = _plan_write(self.options, schema)
+        return OrderlyMQStreamWriter(options, columns, counts)
+
+
+def _plan_write(raw, schema: StructType) -> tuple[SinkOptions, SinkColumns, dict[str, int]]:
+    options = SinkOptions.from_options(raw)
+    columns = SinkColumns.resolve(options, schema)
+    counts: dict[str, int] = {}
+    if options.topic is not None:
+        with BrokerConnection(options.brokers) as conn:
+            counts = {t: r.queue_count for t, r in metadata.describe_topics(conn, [options.topic]).items()}
+    return options, columns, counts

@@ -1,0 +1,282 @@
+"""The sink: one mixin shared by the batch writer (``df.write``) and the stream writer
+(``df.writeStream``).
+
+A task routes each input Arrow batch with the routing function (``connector.spark.sharding``),
+groups its rows by target queue with a stable sort (so every queue receives the task's rows in
+the order the task saw them) and sends each group as one or more Arrow batches. With
+``exactlyOnce`` (the default) the sends are staged in the task's own broker transaction and made
+visible by the driver's commit in partition order (``connector.spark.transactions``): a failed
+attempt leaves nothing visible, a replayed batch is committed once. Without it the task sends
+directly (at-least-once, still ordered within the task) with idempotent-producer sequence numbers,
+so a retried send is stored once.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark import TaskContext
+from pyspark.sql.datasource import (
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
+
+from broker.wire import codec
+from broker.wire.errors import BadBatchError, TopicGrewError, TransactionError
+from connector.client.connection import BrokerConnection, pb
+from connector.spark import metadata
+from connector.spark.options import SinkOptions
+from connector.spark.sharding import queue_ids
+from connector.spark.sink_columns import SinkColumns, message_table
+from connector.spark.transactions import abort_all, commit_batch, task_txn_id
+
+__all__ = ["OrderlyMQStreamWriter", "OrderlyMQWriter", "SinkCommitMessage"]
+
+log = logging.getLogger(__name__)
+
+QUERY_ID_PROPERTY = "sql.streaming.queryId"
+BATCH_ID_PROPERTY = "streaming.sql.batchId"
+
+
+@dataclass(frozen=True)
+class SinkCommitMessage(WriterCommitMessage):
+    """What a task reports: its transaction (None without exactlyOnce or rows) and row count."""
+
+    query_id: str
+    batch_id: int
+    partition_id: int
+    txn_id: str | None
+    rows: int
+
+
+class _OrderlyMQWriterMixin:
+    """Task-side ``write`` and driver-side commit/abort, shared by the batch and stream writers.
+
+    Holds only picklable data: the checked options, the resolved columns, the queue count of
+    the ``topic`` option when the write was planned, and an id for writes outside a stream.
+    """
+
+    streaming = False
+
+    def __init__(self, options: SinkOptions, columns: SinkColumns, queue_counts: dict[str, int]) -> None:
+        self.options = options
+        self.columns = columns
+        self.queue_counts = dict(queue_counts)
+        self.write_id = f"write-{uuid.uuid4().hex}"
+
+    # -- task side -----------------------------------------------------------------------------
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommitMessage:
+        ctx = TaskContext.get()
+        query_id = (ctx.getLocalProperty(QUERY_ID_PROPERTY) if ctx else None) or self.write_id
+        batch_id = int((ctx.getLocalProperty(BATCH_ID_PROPERTY) if ctx else None) or 0)
+        partition = ctx.partitionId() if ctx else 0
+        task_attempt, attempt = (ctx.taskAttemptId(), ctx.attemptNumber()) if ctx else (0, 0)
+        txn_id = task_txn_id(query_id, batch_id, partition, task_attempt, attempt)
+        conn = BrokerConnection(self.options.brokers)
+        sender = _Sender(conn, self.options, txn_id if self.options.exactly_once else None, producer_id=txn_id)
+        try:
+            router = _Router(conn, self.options, self.columns, self.queue_counts)
+            for batch in iterator:
+                if batch.num_rows:
+                    for topic, queue_id, table in router.route(batch):
+                        sender.send(topic, queue_id, table)
+            return SinkCommitMessage(
+                query_id, batch_id, partition, sender.txn_id if sender.began else None, sender.rows
+            )
+        except BaseException:
+            if sender.began:
+                abort_all(conn, [txn_id])
+            raise
+        finally:
+            conn.close()
+
+    # -- driver side ---------------------------------------------------------------------------
+
+    def _commit(self, messages: list[SinkCommitMessage | None], batch_id: int) -> None:
+        done = [m for m in messages if m is not None]
+        txns = [(m.partition_id, m.txn_id) for m in done if m.txn_id]
+        if not txns:
+            return
+        with BrokerConnection(self.options.brokers) as conn:
+            rows = commit_batch(conn, done[0].query_id, batch_id, txns, replayable=self.streaming)
+        log.info("committed batch %d: %d row(s) from %d task(s)", batch_id, rows, len(txns))
+
+    def _abort(self, messages: list[SinkCommitMessage | None], batch_id: int) -> None:
+        txns = [m.txn_id for m in messages if m is not None and m.txn_id]
+        if txns:
+            with BrokerConnection(self.options.brokers) as conn:
+                abort_all(conn, txns)
+        log.warning("aborted batch %d: %d staged transaction(s) dropped", batch_id, len(txns))
+
+
+class OrderlyMQWriter(_OrderlyMQWriterMixin, DataSourceArrowWriter):
+    """``df.write.format("orderlymq")``: all tasks' rows become visible together at the end."""
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        self._commit(messages, 0)
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        self._abort(messages, 0)
+
+
+class OrderlyMQStreamWriter(_OrderlyMQWriterMixin, DataSourceStreamArrowWriter):
+    """``df.writeStream.format("orderlymq")``: each micro-batch becomes visible once, in partition order."""
+
+    streaming = True
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        self._commit(messages, batchId)
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        self._abort(messages, batchId)
+
+
+class _Router:
+    """Splits input batches into ``(topic, queue, message table)`` groups, checking the rows."""
+
+    def __init__(
+        self, conn: BrokerConnection, options: SinkOptions, columns: SinkColumns, planned: dict[str, int]
+    ) -> None:
+        self.conn = conn
+        self.options = options
+        self.columns = columns
+        self.planned = planned
+        self.counts: dict[str, int] = {}
+
+    def queue_count(self, topic: str) -> int:
+        count = self.counts.get(topic)
+        if count is None:
+            route = metadata.describe_topics(
+                self.conn, [topic], option="topic" if self.options.topic else "topic column"
+            )
+            count = route[topic].queue_count
+            planned = self.planned.get(topic)
+            if planned is not None and count != planned:
+                raise TopicGrewError(
+                    f"topic {topic!r} now has {count} queues, but this query routes keys over the {planned} it had "
+                    "when the query started: keys would move to other queues and lose their order. Stop the query "
+                    "and restart it to route over the new count (see 'Growing a topic' in docs/spark.md)"
+                )
+            self.counts[topic] = count
+        return count
+
+    def route(self, batch: pa.RecordBatch) -> Iterator[tuple[str, int, pa.Table]]:
+        n = batch.num_rows
+        cols = self.columns
+        body = batch.column(cols.body)
+        if body.null_count:
+            raise BadBatchError(
+                f"{body.null_count} of {n} row(s) have a null body in column {cols.body!r} (option 'bodyColumn'): "
+                f"every message needs a body; filter them out, e.g. df.where(col({cols.body!r}).isNotNull())"
+            )
+        if cols.topic is not None:
+            topic_col = batch.column(cols.topic)
+            if topic_col.null_count:
+                raise BadBatchError(
+                    f"{topic_col.null_count} of {n} row(s) have a null 'topic' column: name a topic on every row, "
+                    "or set option 'topic'"
+                )
+            topics = topic_col.unique().to_pylist()
+        else:
+            topic_col, topics = None, [self.options.topic]
+        queues = np.empty(n, dtype=np.int64)
+        topic_index = np.zeros(n, dtype=np.int64)
+        for i, topic in enumerate(topics):
+            count = self.queue_count(topic)
+            if topic_col is None:
+                rows = None
+            else:
+                rows = np.flatnonzero(pc.equal(topic_col, pa.scalar(topic, pa.string())).to_numpy(zero_copy_only=False))
+                topic_index[rows] = i
+            queues[slice(None) if rows is None else rows] = self._queues(batch, rows, count, topic)
+        messages = message_table(batch, cols, codec.now_ms())
+        group = topic_index * (max(self.counts.values()) + 1) + queues
+        order = np.argsort(group, kind="stable")
+        ordered = messages.take(pa.array(order))
+        sorted_groups = group[order]
+        cuts = np.flatnonzero(np.diff(sorted_groups)) + 1
+        starts = np.concatenate(([0], cuts))
+        ends = np.concatenate((cuts, [n]))
+        for lo, hi in zip(starts.tolist(), ends.tolist(), strict=True):
+            first = order[lo]
+            yield topics[topic_index[first]], int(queues[first]), ordered.slice(lo, hi - lo)
+
+    def _queues(self, batch: pa.RecordBatch, rows: np.ndarray | None, count: int, topic: str) -> np.ndarray:
+        cols = self.columns
+        name = cols.sharding_key or cols.queue_id
+        values = batch.column(name)
+        if rows is not None:
+            values = values.take(pa.array(rows))
+        if values.null_count:
+            what = "sharding key" if cols.sharding_key else "queue id"
+            fix = (
+                f"give every row a key, or filter them out: df.where(col({name!r}).isNotNull())"
+                if cols.sharding_key
+                else "give every row a queue id, or set option 'shardingKey'"
+            )
+            raise BadBatchError(
+                f"{values.null_count} of {batch.num_rows} row(s) have a null {what} in column {name!r} "
+                f"(option '{'shardingKey' if cols.sharding_key else 'queue_id column'}'): a null key cannot be "
+                f"routed; {fix}"
+            )
+        if cols.sharding_key:
+            return queue_ids(values, count)
+        ids = values.cast(pa.int64()).to_numpy(zero_copy_only=False)
+        bad = int(np.count_nonzero((ids < 0) | (ids >= count)))
+        if bad:
+            raise BadBatchError(
+                f"{bad} of {batch.num_rows} row(s) have a queue id outside 0..{count - 1} in column 'queue_id' "
+                f"(topic {topic!r} has {count} queues): fix the ids, or route by key with option 'shardingKey'"
+            )
+        return ids
+
+
+class _Sender:
+    """Sends message tables of one task, in order, staged in ``txn_id`` when given."""
+
+    def __init__(self, conn: BrokerConnection, options: SinkOptions, txn_id: str | None, *, producer_id: str) -> None:
+        self.conn = conn
+        self.options = options
+        self.txn_id = txn_id
+        self.producer_id = producer_id
+        self.began = False
+        self.rows = 0
+        self._sequence: dict[tuple[str, int], int] = {}
+
+    def send(self, topic: str, queue_id: int, table: pa.Table) -> None:
+        if self.txn_id is not None and not self.began:
+            state = self.conn.call(
+                "BeginTxn", pb.BeginTxnRequest(txn_id=self.txn_id, timeout_ms=self.options.transaction_timeout_ms)
+            ).state
+            if state != "OPEN":
+                raise TransactionError(f"transaction {self.txn_id} is {state}, expected a new OPEN transaction")
+            self.began = True
+        for chunk in _chunks(table, self.options.max_batch_bytes):
+            request = pb.SendRequest(topic=topic, queue_id=queue_id, batch=codec.encode(chunk))
+            if self.txn_id is not None:
+                request.txn_id = self.txn_id
+                # A staged send is not deduplicated: never resend it blindly; the task fails instead.
+                self.conn.call("Send", request, retry=False)
+            else:
+                sequence = self._sequence.get((topic, queue_id), 0)
+                request.producer_id, request.sequence = self.producer_id, sequence
+                self.conn.call("Send", request)
+                self._sequence[(topic, queue_id)] = sequence + 1
+            self.rows += chunk.num_rows
+
+
+def _chunks(table: pa.Table, max_bytes: int) -> Iterator[pa.Table]:
+    """Consecutive slices of about ``max_bytes`` each (at least one row)."""
+    n = table.num_rows
+    per_row = max(1, table.nbytes // max(n, 1))
+    step = max(1, max_bytes // per_row)
+    for lo in range(0, n, step):
+        yield table.slice(lo, step)
