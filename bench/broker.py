@@ -1,0 +1,251 @@
+"""Broker benchmarks over loopback gRPC, each against its transport ceiling in the same run.
+
+The broker runs as its own process (``BrokerProcess``), as does the ceiling server, so client
+and server do not share a GIL. Payloads are encoded once up front: the figures measure the
+transport and the broker, not the benchmark's own batch building.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import pyarrow as pa
+
+from bench.ceiling import OPTIONS, CeilingProcess, push_callable
+from bench.report import Row, percentile
+from broker.launcher import BrokerProcess
+from broker.wire import codec
+from connector.client.connection import BrokerConnection, pb
+
+BODY_BYTES = 100
+
+
+def make_batch(rows: int, body_bytes: int = BODY_BYTES, keys: int = 1000) -> bytes:
+    body = b"x" * body_bytes
+    table = pa.table({
+        "key": pa.array([f"key-{i % keys}" for i in range(rows)], pa.string()),
+        "body": pa.array([body] * rows, pa.binary()),
+    })
+    return codec.encode(codec.normalize(table))
+
+
+def _timed_threads(work, threads: int, seconds: float) -> tuple[int, float]:
+    """Run ``work(stop_event) -> count`` on ``threads`` threads for ``seconds``; (total, elapsed)."""
+    stop = threading.Event()
+    counts = [0] * threads
+
+    def run(i):
+        counts[i] = work(stop, i)
+
+    workers = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
+    t0 = time.perf_counter()
+    for w in workers:
+        w.start()
+    time.sleep(seconds)
+    stop.set()
+    for w in workers:
+        w.join()
+    return sum(counts), time.perf_counter() - t0
+
+
+def ingest(workdir: Path, seconds: float, flush: str, rows_per_batch: int = 10_000, queues: int = 8,
+           threads: int = 2, body_bytes: int = BODY_BYTES) -> tuple[float, float]:
+    """Batched produce: (msgs/s into the broker, msgs/s of the same bytes to the ceiling)."""
+    payload = make_batch(rows_per_batch, body_bytes)
+
+    def broker_run() -> float:
+        with BrokerProcess(workdir / f"ingest-{flush}-{queues}-{body_bytes}", "--flush", flush,
+                           "--log-level", "WARNING") as broker:
+            conn = BrokerConnection(broker.address)
+            conn.call("CreateTopic", pb.CreateTopicRequest(topic="bench", queue_count=queues))
+
+            def work(stop, i):
+                n, q = 0, i
+                while not stop.is_set():
+                    conn.call("Send", pb.SendRequest(topic="bench", queue_id=q % queues, batch=payload))
+                    n += rows_per_batch
+                    q += threads
+                return n
+
+            total, elapsed = _timed_threads(work, threads, seconds)
+            conn.close()
+            return total / elapsed
+
+    def ceiling_run() -> float:
+        with CeilingProcess(workdir) as ceiling:
+            channel = grpc.insecure_channel(ceiling.address, options=OPTIONS)
+            push = push_callable(channel)
+
+            def work(stop, i):
+                n = 0
+                while not stop.is_set():
+                    push(payload)
+                    n += rows_per_batch
+                return n
+
+            total, elapsed = _timed_threads(work, threads, seconds)
+            channel.close()
+            return total / elapsed
+
+    return broker_run(), ceiling_run()
+
+
+def sync_sends(workdir: Path, seconds: float, flush: str = "sync") -> tuple[float, float]:
+    """Strict send-and-wait of one-message batches from one thread: (sends/s, ceiling calls/s)."""
+    payload = make_batch(1)
+    with BrokerProcess(workdir / f"sync-{flush}", "--flush", flush, "--log-level", "WARNING") as broker:
+        conn = BrokerConnection(broker.address)
+        conn.call("CreateTopic", pb.CreateTopicRequest(topic="bench", queue_count=1))
+        request = pb.SendRequest(topic="bench", queue_id=0, batch=payload)
+        stub = conn.stub
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            stub.Send(request)
+            n += 1
+        ours = n / (time.perf_counter() - t0)
+        conn.close()
+    with CeilingProcess(workdir) as ceiling:
+        channel = grpc.insecure_channel(ceiling.address, options=OPTIONS)
+        push = push_callable(channel)
+        raw = request.SerializeToString()
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            push(raw)
+            n += 1
+        ceiling_rate = n / (time.perf_counter() - t0)
+        channel.close()
+    return ours, ceiling_rate
+
+
+def _drop_page_cache() -> bool:
+    try:
+        os.sync()
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def backlog_pull(workdir: Path, messages: int, queues: int = 8) -> dict:
+    """Write a backlog, then pull it all from disk (page cache dropped where allowed).
+
+    Returns pull msgs/s, the ceiling (the same bytes pushed through the bare transport), and the
+    broker's RSS sampled while writing and while reading.
+    """
+    rows = 10_000
+    payload = make_batch(rows)
+    rss_write, rss_read = [], []
+    with BrokerProcess(workdir / "backlog", "--flush", "async", "--log-level", "WARNING") as broker:
+        conn = BrokerConnection(broker.address)
+        conn.call("CreateTopic", pb.CreateTopicRequest(topic="backlog", queue_count=queues))
+        for i in range(messages // rows):
+            conn.call("Send", pb.SendRequest(topic="backlog", queue_id=i % queues, batch=payload))
+            if i % 50 == 0:
+                rss_write.append(_rss_mb(broker.pid))
+        cold = _drop_page_cache()
+        pulled, pulled_bytes = 0, 0
+        t0 = time.perf_counter()
+        stub = conn.stub
+        for q in range(queues):
+            offset = 0
+            while True:
+                resp = stub.Pull(pb.PullRequest(topic="backlog", queue_id=q, offset=offset, max_messages=100_000))
+                pulled += sum(pa.ipc.open_stream(b).read_all().num_rows for b in resp.batches)
+                pulled_bytes += sum(len(b) for b in resp.batches)
+                offset = resp.next_offset
+                if len(rss_read) < 1000:
+                    rss_read.append(_rss_mb(broker.pid))
+                if offset >= resp.max_offset:
+                    break
+        elapsed = time.perf_counter() - t0
+        conn.close()
+    assert pulled == messages // rows * rows, f"pulled {pulled} of {messages}"
+    # Ceiling: the same response bytes through the bare transport (server -> client direction
+    # approximated by client -> server pushes of equal size).
+    with CeilingProcess(workdir) as ceiling:
+        channel = grpc.insecure_channel(ceiling.address, options=OPTIONS)
+        push = push_callable(channel)
+        chunk = payload * 10
+        t1, sent = time.perf_counter(), 0
+        while sent < pulled_bytes:
+            push(chunk)
+            sent += len(chunk)
+        ceiling_rate = pulled / (time.perf_counter() - t1)
+        channel.close()
+    return {
+        "pull_rate": pulled / elapsed,
+        "ceiling": ceiling_rate,
+        "cold_cache": cold,
+        "rss_write_mb": (min(rss_write, default=0), max(rss_write, default=0)),
+        "rss_read_mb": (min(rss_read, default=0), max(rss_read, default=0)),
+    }
+
+
+def long_poll_latency(workdir: Path, samples: int) -> tuple[float, float]:
+    """Send -> receipt latency of a consumer long-polling the tail: (p50 ms, p99 ms)."""
+    with BrokerProcess(workdir / "latency", "--log-level", "WARNING") as broker:
+        conn = BrokerConnection(broker.address)
+        conn.call("CreateTopic", pb.CreateTopicRequest(topic="lat", queue_count=1))
+        latencies: list[float] = []
+        sent_at: dict[int, float] = {}
+        done = threading.Event()
+
+        def consume():
+            offset = 0
+            while offset < samples:
+                resp = conn.call("Pull", pb.PullRequest(topic="lat", queue_id=0, offset=offset, wait_ms=2000))
+                now = time.perf_counter()
+                for i in range(resp.count):
+                    latencies.append((now - sent_at[offset + i]) * 1000)
+                offset = resp.next_offset
+            done.set()
+
+        consumer = threading.Thread(target=consume)
+        consumer.start()
+        payload = make_batch(1)
+        for i in range(samples):
+            sent_at[i] = time.perf_counter()
+            conn.call("Send", pb.SendRequest(topic="lat", queue_id=0, batch=payload))
+            time.sleep(0.005)
+        done.wait(30)
+        consumer.join(timeout=5)
+        conn.close()
+    return percentile(latencies, 50), percentile(latencies, 99)
+
+
+def run(workdir: Path, quick: bool) -> list[Row]:
+    seconds = 2.0 if quick else 8.0
+    rows: list[Row] = []
+    ours, ceiling = ingest(workdir, seconds, "async")
+    rows.append(Row("broker ingest, batched (async flush)", ours, "msg/s", ceiling, "bare gRPC unary", BODY_BYTES, 8,
+                    ">= 1,000,000 msg/s and >= 0.6 of ceiling",
+                    {"MB_per_s": ours * BODY_BYTES / 1e6}))
+    ours, _ = ingest(workdir, seconds, "sync")
+    rows.append(Row("broker ingest, batched (sync flush)", ours, "msg/s", ceiling, "bare gRPC unary", BODY_BYTES, 8,
+                    extra={"MB_per_s": ours * BODY_BYTES / 1e6}))
+    ours, ceiling = sync_sends(workdir, seconds, "sync")
+    rows.append(Row("ordered sync send-and-wait (sync flush)", ours, "msg/s", ceiling, "empty-handler round trip",
+                    BODY_BYTES, 1, ">= 2,000/s; >= 0.8 of ceiling"))
+    ours, _ = sync_sends(workdir, seconds, "async")
+    rows.append(Row("ordered sync send-and-wait (async flush)", ours, "msg/s", ceiling, "empty-handler round trip",
+                    BODY_BYTES, 1))
+    backlog = backlog_pull(workdir, 1_000_000 if quick else 10_000_000)
+    rows.append(Row("pull backlog from disk" + (" (page cache dropped)" if backlog["cold_cache"] else ""),
+                    backlog["pull_rate"], "msg/s", backlog["ceiling"], "bare gRPC of same bytes", BODY_BYTES, 8,
+                    ">= 2,000,000 msg/s",
+                    {"rss_write_mb": backlog["rss_write_mb"], "rss_read_mb": backlog["rss_read_mb"]}))
+    p50, p99 = long_poll_latency(workdir, 100 if quick else 500)
+    rows.append(Row("long-poll delivery latency p50", p50, "ms", message_bytes=BODY_BYTES, queues=1))
+    rows.append(Row("long-poll delivery latency p99", p99, "ms", message_bytes=BODY_BYTES, queues=1))
+    return rows

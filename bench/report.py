@@ -1,0 +1,58 @@
+"""Benchmark rows: workload, figure, ceiling, ratio; printed as a table and written as JSON."""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+__all__ = ["Row", "percentile", "write_report"]
+
+
+@dataclass
+class Row:
+    workload: str
+    figure: float
+    unit: str
+    ceiling: float | None = None
+    ceiling_name: str = ""
+    message_bytes: int = 0
+    queues: int = 0
+    goal: str = ""
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def ratio(self) -> float | None:
+        return self.figure / self.ceiling if self.ceiling else None
+
+
+def percentile(values: list[float], p: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
+
+
+def write_report(rows: list[Row], path: Path, mode: str) -> None:
+    table = Table(title=f"orderlymq benchmarks ({mode})")
+    for col in ("workload", "figure", "ceiling", "ratio", "msg bytes", "queues", "goal"):
+        table.add_column(col, justify="left" if col in ("workload", "goal") else "right")
+    for r in rows:
+        ceiling = f"{r.ceiling:,.0f} ({r.ceiling_name})" if r.ceiling else "-"
+        ratio = f"{r.ratio:.2f}" if r.ratio is not None else "-"
+        table.add_row(r.workload, f"{r.figure:,.1f} {r.unit}", ceiling, ratio, str(r.message_bytes or "-"),
+                      str(r.queues or "-"), r.goal)
+    Console(width=160).print(table)
+    doc = {
+        "mode": mode,
+        "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": {"python": platform.python_version(), "cpus": __import__("os").cpu_count()},
+        "rows": [asdict(r) | {"ratio": r.ratio} for r in rows],
+    }
+    path.write_text(json.dumps(doc, indent=2))
+    print(f"wrote {path}")

@@ -1,0 +1,48 @@
+"""``make bench``: broker and pipeline benchmarks, each figure next to its ceiling.
+
+Usage: python spark_jobs/bench.py [--quick] [--out bench-results.json] [--only broker,spark]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import broker as broker_bench  # noqa: E402
+from bench.report import write_report  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="small sizes, about 2 minutes")
+    parser.add_argument("--out", type=Path, default=Path("bench-results.json"))
+    parser.add_argument("--only", default="broker,spark", help="comma-separated suites: broker, spark")
+    args = parser.parse_args(argv)
+    suites = {s.strip() for s in args.only.split(",") if s.strip()}
+    unknown = suites - {"broker", "spark"}
+    if unknown:
+        parser.error(f"unknown suite(s) {', '.join(sorted(unknown))}; choose from broker, spark")
+    rows = []
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="orderlymq-bench-") as tmp:
+        workdir = Path(tmp)
+        if "broker" in suites:
+            print("broker benchmarks ...", flush=True)
+            rows += broker_bench.run(workdir, args.quick)
+        if "spark" in suites:
+            from bench import spark as spark_bench
+
+            print("spark benchmarks ...", flush=True)
+            rows += spark_bench.run(workdir, args.quick)
+    write_report(rows, args.out, "quick" if args.quick else "full")
+    print(f"done in {time.monotonic() - t0:.0f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
