@@ -1,0 +1,141 @@
+"""Admin (topics, progress, locks) and the pull consumer (pull, assign/poll, seek, commit, fencing)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from connector.client import Admin, PullConsumer
+from connector.errors import (
+    FencedError,
+    InvalidOptionError,
+    InvalidRequestError,
+    LockUnavailableError,
+    OffsetOutOfRangeError,
+    QueueOutOfRangeError,
+    TopicExistsError,
+    TopicNotFoundError,
+)
+
+from .helpers import send_keyed
+
+
+def test_topic_lifecycle(admin, topic_name):
+    info = admin.create_topic(topic_name, 3)
+    assert (info.name, info.queue_count) == (topic_name, 3)
+    assert admin.create_topic(topic_name, 5, if_not_exists=True).queue_count == 3
+    with pytest.raises(TopicExistsError):
+        admin.create_topic(topic_name, 3)
+    assert topic_name in [t.name for t in admin.list_topics()]
+    assert admin.grow_topic(topic_name, 4).queue_count == 4
+    assert admin.describe_topic(topic_name).queue_count == 4
+    admin.delete_topic(topic_name)
+    with pytest.raises(TopicNotFoundError):
+        admin.describe_topic(topic_name)
+    with pytest.raises(InvalidRequestError):
+        admin.create_topic("bad name!", 1)
+
+
+def test_consumer_progress_shows_offsets_lag_and_lock_holder(broker, admin, producer, topic_name):
+    admin.create_topic(topic_name, 2)
+    for i in range(5):
+        producer.send(topic_name, str(i), queue_id=0)
+    for i in range(3):
+        producer.send(topic_name, str(i), queue_id=1)
+    with PullConsumer(broker.address, group="g", client_id="puller") as consumer:
+        consumer.lock(topic_name, 0)
+        consumer.commit(topic_name, 0, 2)
+        progress = admin.consumer_progress("g", topic_name)
+        holders = admin.lock_holders("g", topic_name)
+    assert [(p.queue_id, p.broker_offset, p.consumer_offset, p.lag, p.lock_holder) for p in progress] == [
+        (0, 5, 2, 3, "puller"),
+        (1, 3, -1, 3, None),
+    ]
+    assert [(h.queue_id, h.client_id) for h in holders] == [(0, "puller")]
+    assert holders[0].epoch >= 1
+
+
+def test_pull_returns_messages_in_queue_order(broker, admin, producer, topic_name):
+    admin.create_topic(topic_name, 1)
+    send_keyed(producer, topic_name, ["a", "b"], 10)
+    with PullConsumer(broker.address) as consumer:
+        first = consumer.pull(topic_name, 0, 0, 7)
+        rest = consumer.pull(topic_name, 0, first.next_offset, 100)
+        assert [m.queue_offset for m in [*first, *rest]] == list(range(20))
+        assert [int(m.body) for m in [*first, *rest] if m.key == "a"] == list(range(10))
+        assert (len(first), first.next_offset, rest.max_offset, rest.lag) == (7, 7, 20, 0)
+        with pytest.raises(OffsetOutOfRangeError):
+            consumer.pull(topic_name, 0, 99, 1)
+        with pytest.raises(QueueOutOfRangeError):
+            consumer.pull(topic_name, 5, 0, 1)
+        with pytest.raises(TopicNotFoundError):
+            consumer.pull("missing-topic", 0, 0, 1)
+
+
+def test_pull_with_tag_filter_and_long_poll(broker, admin, producer, topic_name):
+    admin.create_topic(topic_name, 1)
+    for i, tag in enumerate(["TagA", "TagB", "TagC", None, "TagA"]):
+        producer.send(topic_name, str(i), tag=tag, queue_id=0)
+    with PullConsumer(broker.address) as consumer:
+        result = consumer.pull(topic_name, 0, 0, 10, tag_expression="TagA || TagC")
+        assert [int(m.body) for m in result] == [0, 2, 4]
+        assert result.next_offset == 5
+        empty = consumer.pull(topic_name, 0, 5, 10, wait_ms=50)
+        assert (len(empty), empty.next_offset) == (0, 5)
+
+
+def test_assign_poll_seek_and_commit(broker, admin, producer, topic_name):
+    admin.create_topic(topic_name, 2)
+    for i in range(6):
+        producer.send(topic_name, str(i), queue_id=i % 2)
+    time.sleep(0.01)  # store timestamps have millisecond resolution
+    middle = int(time.time() * 1000)
+    time.sleep(0.01)
+    for i in range(6, 8):
+        producer.send(topic_name, str(i), queue_id=i % 2)
+    with PullConsumer(broker.address, group="g1") as consumer:
+        consumer.assign(topic_name)
+        got = []
+        while batch := consumer.poll(3):
+            got.extend(batch)
+        assert sorted(int(m.body) for m in got) == list(range(8))
+        consumer.commit()
+        assert consumer.committed(topic_name, 0) == 4
+        assert consumer.seek(topic_name, 0, "earliest") == 0
+        assert consumer.seek(topic_name, 1, "latest") == 4
+        assert consumer.seek_to_timestamp(topic_name, 0, middle) == 3
+        assert [int(m.body) for m in consumer.poll(10)] == [6]
+        assert consumer.position(topic_name, 0) == 4
+    with PullConsumer(broker.address, group="g1") as again:
+        again.assign(topic_name, [0])  # starts at the committed offset
+        assert again.position(topic_name, 0) == 4
+        with pytest.raises(InvalidOptionError, match="not assigned"):
+            again.seek(topic_name, 1, 0)
+    with PullConsumer(broker.address) as no_group:
+        with pytest.raises(InvalidOptionError, match="needs a consumer group"):
+            no_group.commit(topic_name, 0, 1)
+
+
+def test_lock_fences_a_previous_holder(broker_factory, topic_name):
+    broker = broker_factory(lock_lease_ms=300)
+    with Admin(broker.address) as admin:
+        admin.create_topic(topic_name, 1)
+    with (
+        PullConsumer(broker.address, group="g", client_id="first") as first,
+        PullConsumer(broker.address, group="g", client_id="second") as second,
+    ):
+        epoch = first.lock(topic_name, 0)
+        first.pull(topic_name, 0, 0, 1)
+        with pytest.raises(LockUnavailableError, match="locked by first"):
+            second.lock(topic_name, 0)
+        time.sleep(0.4)  # the lease of "first" lapses
+        assert second.lock(topic_name, 0) > epoch
+        with pytest.raises(FencedError):
+            first.pull(topic_name, 0, 0, 1)
+        with pytest.raises(FencedError):
+            first.commit(topic_name, 0, 0)
+        second.commit(topic_name, 0, 0)
+        taken = second.epoch(topic_name, 0)
+        second.unlock(topic_name, 0)
+        assert first.lock(topic_name, 0) > taken
