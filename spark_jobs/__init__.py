@@ -1,0 +1,1 @@
+"""Runnable Spark jobs: the demo pipeline, backfill, export and benchmarks."""
