@@ -15,7 +15,7 @@ import time
 import uuid
 
 from broker.wire import codec
-from broker.wire.errors import InvalidOptionError, LockUnavailableError, QueueOutOfRangeError
+from broker.wire.errors import InvalidOptionError, LockUnavailableError, OrderlyMQError, QueueOutOfRangeError
 from connector.client.connection import BrokerConnection, pb
 from connector.client.messages import Message, MessageQueue, PullResult
 from connector.client.routes import RouteCache
@@ -266,6 +266,16 @@ class PullConsumer:
         return self._epochs.get(MessageQueue(topic, queue_id))
 
     def close(self) -> None:
+        """Release the locks this consumer holds (best effort: leases expire anyway) and disconnect."""
+        for mq in list(self._epochs):
+            try:
+                request = pb.UnlockBatchRequest(
+                    group=self.group or "", client_id=self.client_id, topic=mq.topic, queue_ids=[mq.queue_id]
+                )
+                self.connection.call("UnlockBatch", request, retry=False)
+            except OrderlyMQError:
+                pass
+            self._epochs.pop(mq, None)
         self.connection.close()
 
     def __enter__(self) -> PullConsumer:

@@ -1,0 +1,185 @@
+"""``orderlymq``: the administration command line (RocketMQ's ``mqadmin``, for orderlymq).
+
+::
+
+    orderlymq [--brokers HOST:PORT] topic create NAME --queues N
+    orderlymq topic list | topic describe NAME | topic delete NAME
+    orderlymq send TOPIC BODY [--key K] [--tag T]
+    orderlymq tail TOPIC [--queue Q] [--from earliest|latest] [--max N] [--follow]
+    orderlymq progress GROUP TOPIC        committed offsets and lag per queue
+    orderlymq locks GROUP TOPIC           current queue lock holders
+
+The broker address defaults to ``$ORDERLYMQ_BROKERS``, else ``127.0.0.1:9876``. An error prints one
+line to stderr and exits with status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from datetime import datetime
+
+from rich.console import Console
+from rich.table import Table
+
+from connector.client import Admin, Producer, PullConsumer
+from connector.errors import OrderlyMQError
+
+__all__ = ["DEFAULT_BROKERS", "main"]
+
+DEFAULT_BROKERS = "127.0.0.1:9876"
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors are one line and exit status 1, like every other error."""
+
+    def error(self, message: str):  # type: ignore[override]
+        print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
+        sys.exit(1)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="orderlymq", description="Administer an orderlymq broker.")
+    parser.add_argument(
+        "--brokers",
+        default=os.environ.get("ORDERLYMQ_BROKERS", DEFAULT_BROKERS),
+        help="host:port[,host:port] (default: $ORDERLYMQ_BROKERS or %(default)s)",
+    )
+    parser.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for an unreachable broker")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    topic = commands.add_parser("topic", help="create, list, describe or delete topics")
+    topic_commands = topic.add_subparsers(dest="topic_command", required=True, metavar="ACTION")
+    create = topic_commands.add_parser("create", help="create a topic")
+    create.add_argument("name")
+    create.add_argument("--queues", type=int, required=True, help="number of MessageQueues")
+    create.add_argument("--if-not-exists", action="store_true", help="succeed when it already exists")
+    topic_commands.add_parser("list", help="list topics")
+    describe = topic_commands.add_parser("describe", help="a topic's queues and their offsets")
+    describe.add_argument("name")
+    delete = topic_commands.add_parser("delete", help="delete a topic and its messages")
+    delete.add_argument("name")
+
+    send = commands.add_parser("send", help="send one message")
+    send.add_argument("topic")
+    send.add_argument("body")
+    send.add_argument("--key", help="sharding key (routes the message by hash)")
+    send.add_argument("--tag")
+
+    tail = commands.add_parser("tail", help="print messages of a topic")
+    tail.add_argument("topic")
+    tail.add_argument("--queue", type=int, help="only this queue id")
+    tail.add_argument("--from", dest="start", choices=("earliest", "latest"), default="earliest")
+    tail.add_argument("--max", type=int, help="stop after this many messages")
+    tail.add_argument("--follow", action="store_true", help="keep waiting for new messages (Ctrl-C stops)")
+
+    progress = commands.add_parser("progress", help="a group's committed offsets and lag per queue")
+    progress.add_argument("group")
+    progress.add_argument("topic")
+
+    locks = commands.add_parser("locks", help="current queue lock holders of a group")
+    locks.add_argument("group")
+    locks.add_argument("topic")
+    return parser
+
+
+def _text(value: bytes | str | None) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="backslashreplace")
+    return value
+
+
+def _ms(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000).isoformat(sep=" ", timespec="milliseconds") if ms else ""
+
+
+def _topic(args, console: Console) -> None:
+    with Admin(args.brokers, retry_timeout=args.timeout) as admin:
+        if args.topic_command == "create":
+            info = admin.create_topic(args.name, args.queues, if_not_exists=args.if_not_exists)
+            console.print(f"topic {info.name}: {info.queue_count} queues on {info.broker_name}", markup=False)
+        elif args.topic_command == "list":
+            table = Table("topic", "queues", "broker")
+            for info in admin.list_topics():
+                table.add_row(info.name, str(info.queue_count), info.broker_name)
+            console.print(table)
+        elif args.topic_command == "describe":
+            info = admin.describe_topic(args.name)
+            table = Table("queue", "min offset", "max offset", "messages", title=f"{info.name} on {info.broker_name}")
+            for status in admin.topic_status(args.name):
+                table.add_row(str(status.queue_id), str(status.min_offset), str(status.max_offset), str(status.count))
+            console.print(table)
+        elif args.topic_command == "delete":
+            admin.delete_topic(args.name)
+            console.print(f"deleted topic {args.name}", markup=False)
+
+
+def _send(args, console: Console) -> None:
+    with Producer(args.brokers, retry_timeout=args.timeout) as producer:
+        result = producer.send(args.topic, args.body.encode("utf-8"), key=args.key, tag=args.tag)
+    console.print(f"sent to {result.topic}[{result.queue_id}] at offset {result.queue_offset}", markup=False)
+
+
+def _tail(args, console: Console) -> None:
+    printed = 0
+    with PullConsumer(args.brokers, retry_timeout=args.timeout) as consumer:
+        consumer.assign(args.topic, None if args.queue is None else [args.queue], start=args.start)
+        while args.max is None or printed < args.max:
+            want = 100 if args.max is None else min(100, args.max - printed)
+            messages = consumer.poll(want, wait_ms=500 if args.follow else 0)
+            if not messages:
+                if args.follow:
+                    continue
+                break
+            for m in messages:
+                print(f"{m.queue_id}\t{m.queue_offset}\t{_text(m.key)}\t{_text(m.tag)}\t{_text(m.body)}", flush=True)
+            printed += len(messages)
+
+
+def _progress(args, console: Console) -> None:
+    with Admin(args.brokers, retry_timeout=args.timeout) as admin:
+        rows = admin.consumer_progress(args.group, args.topic)
+    table = Table(
+        "queue", "broker offset", "consumer offset", "lag", "lock holder", title=f"{args.group} on {args.topic}"
+    )
+    for row in rows:
+        committed = "-" if row.consumer_offset < 0 else str(row.consumer_offset)
+        table.add_row(str(row.queue_id), str(row.broker_offset), committed, str(row.lag), row.lock_holder or "")
+    console.print(table)
+    console.print(f"total lag: {sum(r.lag for r in rows)}", markup=False)
+
+
+def _locks(args, console: Console) -> None:
+    with Admin(args.brokers, retry_timeout=args.timeout) as admin:
+        holders = admin.lock_holders(args.group, args.topic)
+    table = Table("queue", "client id", "epoch", "expires", title=f"locks of {args.group} on {args.topic}")
+    for h in holders:
+        table.add_row(str(h.queue_id), h.client_id, str(h.epoch), _ms(h.expires_at_ms))
+    console.print(table)
+    if not holders:
+        console.print("no queue is locked", markup=False)
+
+
+_COMMANDS = {"topic": _topic, "send": _send, "tail": _tail, "progress": _progress, "locks": _locks}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status (0 ok, 1 error, 130 interrupted)."""
+    args = _parser().parse_args(argv)
+    console = Console(soft_wrap=True)
+    try:
+        _COMMANDS[args.command](args, console)
+    except OrderlyMQError as exc:
+        print(f"orderlymq: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""The concurrent consumer: every message consumed, retries through the retry topic, then the DLQ."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+from connector.client import (
+    Admin,
+    ConcurrentConsumer,
+    ConsumeConcurrentlyStatus,
+    Producer,
+    PullConsumer,
+    dlq_topic,
+    retry_topic,
+)
+
+from .helpers import FAST, FAST_BROKER, send_keyed, wait_until
+
+OK = ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+LATER = ConsumeConcurrentlyStatus.RECONSUME_LATER
+CONCURRENT = {
+    k: v for k, v in FAST.items() if k not in ("lock_interval", "lock_max_live", "unlock_delay", "suspend_ms")
+}
+
+
+def start(address, topic, group, listener, client_id, **options) -> ConcurrentConsumer:
+    consumer = ConcurrentConsumer(
+        address, group, listener, client_id=client_id, retry_delay_ms=50, **CONCURRENT, **options
+    )
+    consumer.subscribe(topic)
+    consumer.start()
+    return consumer
+
+
+def test_two_instances_consume_everything_and_retry_through_the_retry_topic(broker_factory, topic_name):
+    broker = broker_factory(**FAST_BROKER)
+    lock = threading.Lock()
+    attempts: Counter = Counter()
+    done: dict[tuple[str, int], str] = {}
+    retried_views = []
+
+    def listener_for(name):
+        def listener(messages, context):
+            with lock:
+                for m in messages:
+                    ident = (m.key, int(m.body))
+                    attempts[ident] += 1
+                    if ident[1] % 10 == 3 and attempts[ident] == 1:
+                        return LATER
+                    if ident[1] % 10 == 7 and attempts[ident] == 1:
+                        raise RuntimeError("a failing listener means: later")
+                    if attempts[ident] > 1:
+                        retried_views.append((m.topic, m.reconsume_times))
+                    done[ident] = name
+            return OK
+
+        return listener
+
+    with Admin(broker.address) as admin, Producer(broker.address) as producer:
+        admin.create_topic(topic_name, 4)
+        expected = send_keyed(producer, topic_name, [f"k{i}" for i in range(10)], 20)
+        consumers = [start(broker.address, topic_name, "cg", listener_for(n), n) for n in ("a", "b")]
+        try:
+            total = sum(expected.values())
+            assert wait_until(lambda: len(done) == total)
+            assert wait_until(lambda: all(p.lag == 0 for p in admin.consumer_progress("cg", topic_name)))
+        finally:
+            for c in consumers:
+                c.shutdown()
+        assert set(done) == {(k, s) for k, n in expected.items() for s in range(n)}
+        assert set(done.values()) == {"a", "b"}
+        assert {ident for ident, n in attempts.items() if n == 2} == {
+            (k, s) for k, n in expected.items() for s in range(n) if s % 10 in (3, 7)
+        }
+        assert set(retried_views) == {(topic_name, 1)}  # shown with the original topic
+        assert sum(s.count for s in admin.topic_status(retry_topic("cg"))) == 40
+
+
+def test_dead_letter_queue_after_max_reconsume_times(broker, topic_name):
+    attempts: Counter = Counter()
+
+    def listener(messages, context):
+        for m in messages:
+            attempts[m.body] += 1
+            if m.body == b"poison":
+                return LATER
+        return OK
+
+    with Admin(broker.address) as admin, Producer(broker.address) as producer:
+        admin.create_topic(topic_name, 1)
+        producer.send(topic_name, b"fine", key="a")
+        producer.send(topic_name, b"poison", key="a", tag="T")
+        consumer = start(broker.address, topic_name, "dg", listener, "c", max_reconsume_times=2)
+        try:
+            assert wait_until(lambda: sum(s.count for s in admin.topic_status(dlq_topic("dg"))) == 1)
+        finally:
+            consumer.shutdown()
+        with PullConsumer(broker.address) as reader:
+            (dead,) = reader.pull(dlq_topic("dg"), 0, 0, 10)
+    assert attempts == {b"fine": 1, b"poison": 3}
+    assert (dead.body, dead.key, dead.tag) == (b"poison", "a", "T")
+    assert dead.properties["ORIGIN_TOPIC"] == topic_name
+    assert dead.properties["ORIGIN_OFFSET"] == "1"
+    assert dead.properties["RECONSUME_TIMES"] == "2"
