@@ -17,7 +17,7 @@ setup(
         "crc32c==2.9.post0",
         "pyspark==4.3.0",
         "py4j==0.10.9.9",
-        "pandas==3.1.1",
+        "pandas==2.3.3",
         "rich==15.0.0",
     ],
     extras_require={
