@@ -1,0 +1,154 @@
+"""Pure parts of the client: messages from Arrow, the process queue's bookkeeping, local offsets,
+the scheduler, and the exported names."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pyarrow as pa
+
+import connector.client
+from broker.wire import codec
+from connector.client import Message, MessageQueue
+from connector.client.offset_store import LocalOffsetStore
+from connector.client.process_queue import ProcessQueue
+from connector.client.scheduler import Scheduler
+
+MQ = MessageQueue("t", 0)
+
+
+def stored(rows: list[dict], base: int = 0) -> pa.Table:
+    return codec.with_store_columns(codec.messages_to_batch(rows), base, 1_700_000_000_000)
+
+
+def messages(n: int, base: int = 0) -> list[Message]:
+    return Message.from_table(stored([{"body": str(i), "key": "k"} for i in range(base, base + n)], base), "t", 0)
+
+
+def test_messages_from_table_keep_columns_and_order():
+    table = stored(
+        [
+            {"body": b"a", "key": "k1", "tag": "TagA", "properties": {"RECONSUME_TIMES": "2", "x": "y"}},
+            {"body": "b", "key": 7, "born_timestamp": 5},
+        ],
+        base=10,
+    )
+    first, second = Message.from_table(table, "orders", 3)
+    assert (first.body, first.key, first.tag, first.queue_id, first.queue_offset) == (b"a", "k1", "TagA", 3, 10)
+    assert first.properties == {"RECONSUME_TIMES": "2", "x": "y"} and first.reconsume_times == 2
+    assert (second.key, second.tag, second.properties, second.born_timestamp) == ("7", None, {}, 5)
+    assert second.queue_offset == 11 and second.store_timestamp == 1_700_000_000_000
+    assert Message.from_table(codec.empty_stored_table(), "t", 0) == []
+
+
+def test_orderly_take_commit_and_consume_again():
+    pq = ProcessQueue(MQ, 0, epoch=3)
+    pq.put(messages(5))
+    first = pq.take(2)
+    assert [m.queue_offset for m in first] == [0, 1]
+    again = pq.consume_again(first[1:])
+    assert [m.reconsume_times for m in again] == [1]
+    assert [m.queue_offset for m in pq.take(2)] == [1, 2]  # the suspended message comes first again
+    assert pq.commit() == 3
+    assert pq.commit() is None
+    assert pq.count == 2 and pq.has_temp_message()
+
+
+def test_rollback_returns_everything_since_the_last_commit():
+    pq = ProcessQueue(MQ, 0)
+    pq.put(messages(6))
+    pq.take(2)
+    assert pq.commit() == 2
+    pq.take(1)
+    pq.take(2)
+    pq.rollback()
+    assert [m.queue_offset for m in pq.take(10)] == [2, 3, 4, 5]
+
+
+def test_concurrent_remove_commits_the_lowest_outstanding_offset():
+    pq = ProcessQueue(MQ, 10)
+    batch = messages(4, base=10)
+    pq.put_outstanding(batch)
+    assert pq.remove([batch[2]]) == 10
+    assert pq.remove([batch[0]]) == 11
+    assert pq.remove([batch[1], batch[3]]) == 14
+    assert pq.idle()
+
+
+def test_commit_staging_never_moves_backwards():
+    pq = ProcessQueue(MQ, 0)
+    assert pq.stage_commit(5)
+    pq.commit_done(5)
+    assert not pq.stage_commit(4)
+    assert pq.stage_commit(7) and pq.pending_commit == 7
+
+
+def test_local_offsets_survive_a_new_store(tmp_path):
+    store = LocalOffsetStore(tmp_path, "g")
+    assert store.read(MQ) == -1
+    store.commit(MQ, 42)
+    store.flush()
+    assert LocalOffsetStore(tmp_path, "g").read(MQ) == 42
+
+
+def test_scheduler_runs_tasks_in_due_order():
+    scheduler = Scheduler("test")
+    done, ran = threading.Event(), []
+    scheduler.call_later(0.05, lambda: (ran.append("late"), done.set()))
+    scheduler.call_later(0.0, lambda: ran.append("now"))
+    assert done.wait(5)
+    scheduler.stop()
+    assert ran == ["now", "late"]
+
+
+def test_exported_names_are_pinned():
+    assert sorted(connector.client.__all__) == sorted(
+        [
+            "BROADCASTING",
+            "CLUSTERING",
+            "Admin",
+            "ConcurrentConsumer",
+            "ConsumeConcurrentlyContext",
+            "ConsumeConcurrentlyStatus",
+            "ConsumeOrderlyContext",
+            "ConsumeOrderlyStatus",
+            "LockHolder",
+            "Message",
+            "MessageQueue",
+            "OrderlyConsumer",
+            "Producer",
+            "PullConsumer",
+            "PullResult",
+            "QueueProgress",
+            "QueueStatus",
+            "SelectByHash",
+            "SelectByModulo",
+            "SelectRandom",
+            "SelectRoundRobin",
+            "SendResult",
+            "TopicInfo",
+            "Transaction",
+            "allocate_averagely",
+            "allocate_by_circle",
+            "dlq_topic",
+            "retry_topic",
+        ]
+    )
+    for name in connector.client.__all__:
+        assert hasattr(connector.client, name)
+
+
+def test_the_client_imports_only_the_wire_layer_of_the_broker():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, connector.client, connector.cli; "
+        "bad = sorted(m for m in sys.modules if m.startswith('broker') and not "
+        "(m in ('broker', 'broker.proto', 'broker.wire') or m.startswith(('broker.proto.', 'broker.wire.')))); "
+        "print(bad)"
+    )
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root)
+    assert out.stdout.strip() == "[]"
