@@ -14,7 +14,6 @@ from pyspark.sql.datasource import DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
 from broker.wire.errors import InvalidOptionError
-from connector.client.connection import BrokerConnection
 from connector.spark import metadata
 from connector.spark.options import SourceOptions
 from connector.spark.partitions import QueuePartition, read_partition
@@ -32,7 +31,7 @@ class OrderlyMQBatchReader(DataSourceReader):
 
     def partitions(self) -> Sequence[InputPartition]:
         opts = self.options
-        with BrokerConnection(opts.brokers) as conn:
+        with opts.connect() as conn:
             routes = metadata.describe_topics(conn, opts.topics)
             queues = metadata.all_queues(routes)
             start = metadata.resolve_positions(

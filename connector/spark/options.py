@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from broker.wire.errors import InvalidOptionError
-from connector.client.connection import parse_brokers
+from connector.client.connection import BrokerConnection, parse_brokers
 
 __all__ = [
     "EARLIEST",
@@ -217,6 +217,11 @@ class SourceOptions:
     poll_timeout_ms: int = DEFAULT_POLL_TIMEOUT_MS
     include_properties: bool = True
 
+    def connect(self) -> BrokerConnection:
+        """A connection whose calls, and retries while the broker is down, last up to ``pollTimeoutMs``."""
+        seconds = self.poll_timeout_ms / 1000
+        return BrokerConnection(self.brokers, timeout=seconds, retry_timeout=seconds)
+
     @classmethod
     def from_options(cls, mapping: Mapping[str, Any], *, streaming: bool = True) -> SourceOptions:
         """Parse Spark's options; ``InvalidOptionError`` naming the option and the fix when wrong."""
@@ -318,6 +323,9 @@ class SinkOptions:
     exactly_once: bool = True
     max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES
     transaction_timeout_ms: int = 0
+
+    def connect(self) -> BrokerConnection:
+        return BrokerConnection(self.brokers)
 
     @classmethod
     def from_options(cls, mapping: Mapping[str, Any]) -> SinkOptions:

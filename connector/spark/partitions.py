@@ -50,7 +50,7 @@ class QueuePartition(InputPartition):
 
 def read_partition(options: SourceOptions, partition: QueuePartition, target: pa.Schema) -> Iterator[pa.RecordBatch]:
     """The messages of ``partition`` in queue order as record batches of ``target``."""
-    conn = BrokerConnection(options.brokers, timeout=options.poll_timeout_ms / 1000)
+    conn = options.connect()
     try:
         yield from _pull_range(conn, options, partition, target)
     finally:

@@ -15,7 +15,6 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from connector.client.connection import BrokerConnection
 from connector.spark import metadata
 from connector.spark.batch_reader import OrderlyMQBatchReader
 from connector.spark.options import SinkOptions, SourceOptions
@@ -82,6 +81,6 @@ def _plan_write(raw, schema: StructType) -> tuple[SinkOptions, SinkColumns, dict
     columns = SinkColumns.resolve(options, schema)
     counts: dict[str, int] = {}
     if options.topic is not None:
-        with BrokerConnection(options.brokers) as conn:
+        with options.connect() as conn:
             counts = {t: r.queue_count for t, r in metadata.describe_topics(conn, [options.topic]).items()}
     return options, columns, counts

@@ -16,6 +16,8 @@ of the same group is refused until those locks are released or expire.
 from __future__ import annotations
 
 import logging
+import signal
+import threading
 import uuid
 from collections.abc import Iterator, Sequence
 
@@ -30,7 +32,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from broker.wire.errors import FencedError
-from connector.client.connection import BrokerConnection, pb
+from connector.client.connection import pb
 from connector.spark import metadata
 from connector.spark.locks import LockKeeper
 from connector.spark.offsets import Positions, admit, client_id_of, positions_of, to_json
@@ -60,6 +62,7 @@ class OrderlyMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
 
     def _state(self, client_id: str) -> _DriverState:
         if self._driver is None:
+            _release_on_sigterm()
             self._driver = _DriverState(self.options, client_id)
         elif self._driver.client_id != client_id:
             raise ValueError(
@@ -105,7 +108,7 @@ class OrderlyMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
     def prepareForTriggerAvailableNow(self) -> None:
         # Called before the first offset is known, so the identity is not needed: a throwaway
         # connection records the end of every queue now; latestOffset never goes past it.
-        with BrokerConnection(self.options.brokers) as conn:
+        with self.options.connect() as conn:
             queues = metadata.all_queues(metadata.describe_topics(conn, self.options.topics))
             target = {ref: metadata.queue_bounds(conn, ref)[1] for ref in queues}
         self._target = target
@@ -145,13 +148,29 @@ class OrderlyMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         return read_partition(self.options, partition, arrow_schema(self.schema))
 
 
+def _release_on_sigterm() -> None:
+    """Turn SIGTERM into ``SystemExit`` in the driver-side reader process.
+
+    When a query stops, Spark terminates this process instead of letting ``stop()`` return
+    normally; unwinding through the runner's ``finally`` still calls ``stop()``, which releases
+    the queue locks at once rather than leaving them to expire with their lease.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def on_term(signum, frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_term)
+
+
 class _DriverState:
     """Connection, locks and bookkeeping of the driver-side reader process (never pickled)."""
 
     def __init__(self, options: SourceOptions, client_id: str) -> None:
         self.options = options
         self.client_id = client_id
-        self.conn = BrokerConnection(options.brokers)
+        self.conn = options.connect()
         self.locks = LockKeeper(self.conn, options.consumer_group or "", client_id, options.lock_timeout_ms)
         self.last_latest: Positions | None = None
         self.broker_name = ""

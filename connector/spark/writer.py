@@ -80,7 +80,7 @@ class _OrderlyMQWriterMixin:
         partition = ctx.partitionId() if ctx else 0
         task_attempt, attempt = (ctx.taskAttemptId(), ctx.attemptNumber()) if ctx else (0, 0)
         txn_id = task_txn_id(query_id, batch_id, partition, task_attempt, attempt)
-        conn = BrokerConnection(self.options.brokers)
+        conn = self.options.connect()
         sender = _Sender(conn, self.options, txn_id if self.options.exactly_once else None, producer_id=txn_id)
         try:
             router = _Router(conn, self.options, self.columns, self.queue_counts)
@@ -105,14 +105,14 @@ class _OrderlyMQWriterMixin:
         txns = [(m.partition_id, m.txn_id) for m in done if m.txn_id]
         if not txns:
             return
-        with BrokerConnection(self.options.brokers) as conn:
+        with self.options.connect() as conn:
             rows = commit_batch(conn, done[0].query_id, batch_id, txns, replayable=self.streaming)
         log.info("committed batch %d: %d row(s) from %d task(s)", batch_id, rows, len(txns))
 
     def _abort(self, messages: list[SinkCommitMessage | None], batch_id: int) -> None:
         txns = [m.txn_id for m in messages if m is not None and m.txn_id]
         if txns:
-            with BrokerConnection(self.options.brokers) as conn:
+            with self.options.connect() as conn:
                 abort_all(conn, txns)
         log.warning("aborted batch %d: %d staged transaction(s) dropped", batch_id, len(txns))
 

@@ -1,0 +1,171 @@
+"""Streaming reads against a real broker: order, completeness, offsets, locks, restarts."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from connector.client.connection import pb
+from tests.spark.helpers import by_key, committed, create_topic, keyed_events, produce, rows_by_key, wait_for
+
+pytestmark = pytest.mark.spark
+
+
+class Collector:
+    """A foreachBatch sink keeping each batch's rows by batch id (a replayed batch replaces itself)."""
+
+    def __init__(self):
+        self.batches: dict[int, list] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, df, batch_id):
+        rows = df.collect()
+        with self._lock:
+            self.batches[batch_id] = rows
+
+    def rows(self):
+        with self._lock:
+            return [row for _, rows in sorted(self.batches.items()) for row in rows]
+
+
+def stream(ospark, broker, topic, group, **options):
+    reader = ospark.readStream.format("orderlymq").option("brokers", broker.address).option("topic", topic)
+    reader = reader.option("consumerGroup", group).option("pollTimeoutMs", "5000")
+    for key, value in options.items():
+        reader = reader.option(key, str(value))
+    return reader.load()
+
+
+def run_available_now(df, checkpoint, collector):
+    query = df.writeStream.foreachBatch(collector).option("checkpointLocation", str(checkpoint))
+    query = query.trigger(availableNow=True).start()
+    query.awaitTermination(120)
+    assert query.exception() is None
+    return query
+
+
+def end_positions(query) -> dict[int, int]:
+    end = query.lastProgress["sources"][0]["endOffset"]
+    end = json.loads(end) if isinstance(end, str) else end
+    return {int(q): pos for queues in end["queues"].values() for q, pos in queues.items()}
+
+
+def queue_ends(conn, topic, queues) -> dict[int, int]:
+    request = pb.QueryOffsetsRequest
+    return {q: conn.call("QueryOffsets", request(topic=topic, queue_id=q)).max_offset for q in range(queues)}
+
+
+def held_locks(conn, group, topic):
+    locks = conn.call("QueryLocks", pb.QueryLocksRequest(group=group, topic=topic)).locks
+    return [lock.client_id for lock in locks if lock.client_id]
+
+
+def test_stream_reads_events_produced_while_running_in_order(ospark, broker, conn, topic_name, tmp_path):
+    create_topic(conn, topic_name, 3)
+    collector = Collector()
+    df = stream(ospark, broker, topic_name, "g1")
+    query = (
+        df.writeStream.foreachBatch(collector)
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .trigger(processingTime="100 milliseconds")
+        .start()
+    )
+    try:
+        produced = []
+        for round_ in range(3):
+            events = keyed_events(6, 5, start=round_ * 5)
+            produce(conn, topic_name, 3, events)
+            produced += events
+            expected = len(produced)
+            wait_for(lambda: len(collector.rows()) >= expected or query.exception())  # noqa: B023
+        assert query.exception() is None
+        assert rows_by_key(collector.rows()) == by_key(produced)
+        # The group's offsets reach the end of every queue once the batch that read it has completed.
+        ends = queue_ends(conn, topic_name, 3)
+        assert sum(ends.values()) == len(produced)
+        wait_for(lambda: committed(conn, "g1", topic_name) == ends or query.exception())
+        assert query.exception() is None
+    finally:
+        query.stop()
+    assert query.exception() is None
+    # stop() releases the locks (they would otherwise stay held until their lease ran out).
+    wait_for(lambda: not held_locks(conn, "g1", topic_name), timeout=20)
+
+
+def test_restart_from_checkpoint_neither_loses_nor_duplicates(ospark, broker, conn, topic_name, tmp_path):
+    create_topic(conn, topic_name, 2)
+    first = keyed_events(4, 6)
+    produce(conn, topic_name, 2, first)
+    collector = Collector()
+    df = stream(ospark, broker, topic_name, "g2", maxMessagesPerTrigger=10, lockTimeoutMs=0)
+    q1 = run_available_now(df, tmp_path / "ck", collector)
+    client = json.loads(q1.lastProgress["sources"][0]["endOffset"])["clientId"]
+    second = keyed_events(4, 5, start=6)
+    produce(conn, topic_name, 2, second)
+    q2 = run_available_now(df, tmp_path / "ck", collector)
+    # Same consumer identity after the restart (lockTimeoutMs=0: it never waited for a lock).
+    assert json.loads(q2.lastProgress["sources"][0]["endOffset"])["clientId"] == client
+    assert rows_by_key(collector.rows()) == by_key(first + second)
+    assert all(len(rows) <= 10 for rows in collector.batches.values())
+    assert committed(conn, "g2", topic_name) == end_positions(q2)
+
+
+def test_second_query_of_the_group_is_refused_until_the_first_stops(ospark, broker, conn, topic_name, tmp_path):
+    create_topic(conn, topic_name, 2)
+    produce(conn, topic_name, 2, keyed_events(3, 2))
+    holder = Collector()
+    first = (
+        stream(ospark, broker, topic_name, "g3")
+        .writeStream.foreachBatch(holder)
+        .option("checkpointLocation", str(tmp_path / "a"))
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
+    try:
+        wait_for(lambda: len(holder.rows()) >= 6 or first.exception())
+        holder_id = json.loads(first.lastProgress["sources"][0]["endOffset"])["clientId"]
+        rival = stream(ospark, broker, topic_name, "g3", lockTimeoutMs=300)
+        query = rival.writeStream.foreachBatch(Collector()).option("checkpointLocation", str(tmp_path / "b"))
+        query = query.trigger(availableNow=True).start()
+        with pytest.raises(Exception, match=f"held by client '{holder_id}'"):
+            query.awaitTermination(120)
+        assert "lockTimeoutMs" in str(query.exception())
+    finally:
+        first.stop()
+    assert first.exception() is None
+    late = Collector()
+    run_available_now(stream(ospark, broker, topic_name, "g3", lockTimeoutMs=300), tmp_path / "c", late)
+    assert late.rows() == []  # it starts from the offsets the first query committed
+
+
+def test_tag_filter_and_new_queues(ospark, broker, conn, topic_name, tmp_path):
+    create_topic(conn, topic_name, 2)
+    events = keyed_events(4, 6)
+    produce(conn, topic_name, 2, events, tag=lambda key, seq: "even" if seq % 2 == 0 else "odd")
+    collector = Collector()
+    df = stream(ospark, broker, topic_name, "g4", tags="even", startingOffsets="earliest")
+    q1 = run_available_now(df, tmp_path / "ck", collector)
+    assert rows_by_key(collector.rows()) == by_key(e for e in events if e[1] % 2 == 0)
+    assert {r["tag"] for r in collector.rows()} == {"even"}
+    # End offsets are queue offsets: the filtered-out messages are skipped, not left behind.
+    assert end_positions(q1) == {
+        0: sum(1 for k, _ in events if _queue(k, 2) == 0),
+        1: sum(1 for k, _ in events if _queue(k, 2) == 1),
+    }
+    conn.call("UpdateTopic", pb.UpdateTopicRequest(topic=topic_name, queue_count=3))
+    late = [("late", 0), ("late", 2)]
+    batch = [{"key": k, "tag": "even", "body": json.dumps({"key": k, "seq": s}).encode()} for k, s in late]
+    from broker.wire import codec
+
+    conn.call("Send", pb.SendRequest(topic=topic_name, queue_id=2, batch=codec.encode(codec.messages_to_batch(batch))))
+    q2 = run_available_now(df, tmp_path / "ck", collector)
+    assert rows_by_key(collector.rows())["late"] == [0, 2]
+    assert end_positions(q2)[2] == 2
+
+
+def _queue(key, n):
+    from broker.wire.routing import queue_for_key
+
+    return queue_for_key(key, n)
