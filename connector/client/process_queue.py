@@ -37,6 +37,7 @@ class ProcessQueue:
         self.suspended_until = 0.0
         self.local_lock = threading.Lock()
         self.consume_lock = threading.Lock()
+        self.commit_lock = threading.Lock()  # one offset commit RPC at a time, always the newest offset
         self._lock = threading.Lock()
         self._buffer: deque[Message] = deque()
         self._consuming: dict[int, Message] = {}

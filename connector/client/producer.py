@@ -17,12 +17,13 @@ import uuid
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FuturesTimeout
 from typing import Any
 
 import pyarrow as pa
 
 from broker.wire import codec
-from broker.wire.errors import InvalidRequestError, QueueOutOfRangeError
+from broker.wire.errors import BrokerUnavailableError, InvalidRequestError, QueueOutOfRangeError
 from broker.wire.routing import queue_for_key
 from connector.client.connection import BrokerConnection
 from connector.client.messages import Message, MessageQueue, SendResult
@@ -203,6 +204,8 @@ class Producer:
         """Queue one message; the returned future resolves to its ``SendResult``.
 
         Messages of one queue are stored in the order ``send_async`` was called (per thread).
+        ``callback(future)`` runs on the producer's I/O thread when the send completes: keep it short
+        and do not wait on other sends from it.
         """
         msg = {"body": body, "key": key, "tag": tag, "properties": properties}
         (chunk,) = self.route(topic, [msg], selector=selector, arg=arg, queue_id=queue_id)
@@ -231,7 +234,7 @@ class Producer:
         msg = {"body": body, "key": key, "tag": tag, "properties": properties}
         (chunk,) = self.route(topic, [msg], selector=selector, arg=arg, queue_id=queue_id)
         (future,) = self._sender.submit(topic, chunk.queue_id, chunk.table, single=True, urgent=True)
-        return future.result(timeout=self._wait_timeout())
+        return self._wait(future)
 
     def send_batch(
         self,
@@ -251,13 +254,19 @@ class Producer:
         total = sum(len(chunk.positions) for chunk, _ in futures)
         out: list[SendResult | None] = [None] * total
         for chunk, parts in futures:
-            results = [r for f in parts for r in f.result(timeout=self._wait_timeout())]
+            results = [r for f in parts for r in self._wait(f)]
             for position, result in zip(chunk.positions, results, strict=True):
                 out[position] = result
         return out  # type: ignore[return-value]
 
-    def _wait_timeout(self) -> float:
-        return self.retry_timeout * 2 + self.timeout
+    def _wait(self, future: Future):
+        timeout = self.retry_timeout * 2 + self.timeout
+        try:
+            return future.result(timeout=timeout)
+        except FuturesTimeout:
+            raise BrokerUnavailableError(
+                f"no acknowledgement from broker {self.connection.address} within {timeout:.0f}s"
+            ) from None
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every message sent so far is acknowledged or failed; False on timeout."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import abc
 import logging
 import re
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -114,7 +115,9 @@ class PushConsumer(abc.ABC):
         self.brokers = brokers
         self.group = group
         self.listener = listener
-        self.client_id = client_id or default_client_id()
+        # Broadcasting keeps offsets in a file named after the client id, so its default must be stable.
+        stable = f"{socket.gethostname()}@DEFAULT" if message_model == BROADCASTING else None
+        self.client_id = client_id or stable or default_client_id()
         self.message_model = message_model
         self.consume_from = consume_from
         self.consume_timestamp = consume_timestamp
@@ -287,7 +290,12 @@ class PushConsumer(abc.ABC):
             try:
                 self._rebalance_topic(topic)
             except TopicNotFoundError as exc:
-                log.error("consumer %s: %s", self.client_id, exc)
+                log.error("consumer %s: %s; stopped consuming it", self.client_id, exc)
+                with self._table_lock:
+                    gone = [pq for mq, pq in self.table.items() if mq.topic == topic]
+                for pq in gone:
+                    pq.dropped = True
+                    self._forget(pq)
 
     def _extra_topics(self) -> list[str]:
         return []
@@ -349,22 +357,23 @@ class PushConsumer(abc.ABC):
         return self._persist(pq)
 
     def _persist(self, pq: ProcessQueue) -> bool:
-        offset = pq.pending_commit
-        if offset is None:
+        with pq.commit_lock:
+            offset = pq.pending_commit
+            if offset is None:
+                return True
+            try:
+                self.store.commit(pq.mq, offset, pq.epoch or None)
+            except FencedError as exc:
+                log.warning("consumer %s lost %s: %s", self.client_id, pq.mq, exc)
+                pq.locked = False
+                pq.dropped = True
+                self._rebalance_now.set()
+                return False
+            except OrderlyMQError as exc:
+                log.warning("consumer %s could not commit %s at %d (retrying): %s", self.client_id, pq.mq, offset, exc)
+                return True
+            pq.commit_done(offset)
             return True
-        try:
-            self.store.commit(pq.mq, offset, pq.epoch or None)
-        except FencedError as exc:
-            log.warning("consumer %s lost %s: %s", self.client_id, pq.mq, exc)
-            pq.locked = False
-            pq.dropped = True
-            self._rebalance_now.set()
-            return False
-        except OrderlyMQError as exc:
-            log.warning("consumer %s could not commit %s at %d (retrying): %s", self.client_id, pq.mq, offset, exc)
-            return True
-        pq.commit_done(offset)
-        return True
 
     def _retry_commits(self) -> None:
         with self._table_lock:
