@@ -20,7 +20,8 @@ exactly the planned transactions (``CommitTxn`` of a committed id is an idempote
 aborts its own. A planned transaction the broker aborted meanwhile (its timeout passed during a
 long outage) was never visible, so the replay's transaction of that partition, which holds the
 same rows, takes its place. After a commit the group ``spark-sink/<query id>`` stores the log
-position past the plan, so a lookup reads only the plans written since the last commit.
+position of that batch's plan (the last batch that can still be replayed), so a lookup reads only
+the plans written since.
 """
 
 from __future__ import annotations
@@ -101,9 +102,11 @@ def commit_batch(
             committed += _commit(conn, substitute)
             used.add(substitute)
     abort_all(conn, [txn_id for _, txn_id in txns if txn_id not in used])
+    # Batches before this one can no longer be replayed (Spark recorded them as done before it
+    # started this one); this one can, until Spark records it: later lookups start at its plan.
     conn.call(
         "CommitOffset",
-        pb.CommitOffsetRequest(group=_log_group(query_id), topic=SINK_LOG_TOPIC, queue_id=0, offset=position + 1),
+        pb.CommitOffsetRequest(group=_log_group(query_id), topic=SINK_LOG_TOPIC, queue_id=0, offset=position),
     )
     return committed
 

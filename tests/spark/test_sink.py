@@ -1,0 +1,161 @@
+"""The sink against a real broker: order and completeness, exactly-once replays, bad input."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pyarrow as pa
+import pytest
+from pyspark.sql import functions as F
+from pyspark.sql.types import StructField, StructType
+
+from connector.client.connection import pb
+from connector.spark import OrderlyMQDataSource
+from connector.spark.schema import source_schema
+from tests.spark.helpers import by_key, create_topic, keyed_events, produce, topic_events
+
+pytestmark = pytest.mark.spark
+
+
+def check_routed_in_order(conn, topic, queues, expected):
+    """Every key sits in its routed queue, with all its events in produce order."""
+    from broker.wire.routing import queue_for_key
+
+    out = topic_events(conn, topic)
+    for queue_id, events in out.items():
+        assert all(queue_for_key(key, queues) == queue_id for key, _ in events)
+    assert by_key(e for events in out.values() for e in events) == by_key(expected)
+
+
+def copy_stream(ospark, broker, source, target, checkpoint, **sink_options):
+    df = (
+        ospark.readStream.format("orderlymq")
+        .option("brokers", broker.address)
+        .option("topic", source)
+        .option("consumerGroup", "copier")
+        .option("maxMessagesPerTrigger", "25")
+        .load()
+    )
+    writer = df.writeStream.format("orderlymq").option("brokers", broker.address).option("topic", target)
+    writer = writer.option("shardingKey", "key").option("checkpointLocation", str(checkpoint))
+    for key, value in sink_options.items():
+        writer = writer.option(key, str(value))
+    query = writer.trigger(availableNow=True).start()
+    query.awaitTermination(180)
+    assert query.exception() is None
+    return query
+
+
+def test_stream_copy_keeps_per_key_order_and_completeness(ospark, broker, conn, topic_name, tmp_path):
+    source, target = topic_name, topic_name + "-out"
+    create_topic(conn, source, 3)
+    create_topic(conn, target, 2)
+    events = keyed_events(7, 9)
+    produce(conn, source, 3, events)
+    copy_stream(ospark, broker, source, target, tmp_path / "ck")
+    check_routed_in_order(conn, target, 2, events)
+
+
+def test_replayed_batch_is_committed_once(ospark, broker, conn, topic_name, tmp_path):
+    """The driver 'dies' after the sink committed but before Spark's commit log: Spark replays."""
+    source, target = topic_name, topic_name + "-out"
+    create_topic(conn, source, 2)
+    create_topic(conn, target, 3)
+    events = keyed_events(5, 6)
+    produce(conn, source, 2, events)
+    checkpoint = tmp_path / "ck"
+    query = copy_stream(ospark, broker, source, target, checkpoint)
+    last = query.lastProgress["batchId"]
+    (checkpoint / "commits" / str(last)).unlink()
+    shutil.rmtree(checkpoint / "commits" / f".{last}.crc", ignore_errors=True)
+    (checkpoint / "commits" / f".{last}.crc").unlink(missing_ok=True)
+    replay = copy_stream(ospark, broker, source, target, checkpoint)
+    assert replay.lastProgress["batchId"] == last  # the batch ran again ...
+    check_routed_in_order(conn, target, 3, events)  # ... and is visible once
+
+
+def test_exactly_once_false_sends_directly_in_order(ospark, broker, conn, topic_name, tmp_path):
+    source, target = topic_name, topic_name + "-out"
+    create_topic(conn, source, 2)
+    create_topic(conn, target, 2)
+    events = keyed_events(4, 5)
+    produce(conn, source, 2, events)
+    copy_stream(ospark, broker, source, target, tmp_path / "ck", exactlyOnce="false")
+    check_routed_in_order(conn, target, 2, events)
+
+
+def test_commit_replay_in_process(broker, conn, topic_name):
+    """``commit`` of one batch id twice (new attempts, new transactions) makes each row visible once."""
+    create_topic(conn, topic_name, 2)
+    writer = _writer(broker, topic_name)
+    part0, part1 = keyed_events(3, 2), keyed_events(3, 2, start=2)
+    writer.commit([_attempt(writer, 0, part0), _attempt(writer, 1, part1)], 7)
+    writer.commit([_attempt(writer, 0, part0), _attempt(writer, 1, part1)], 7)
+    check_routed_in_order(conn, topic_name, 2, part0 + part1)
+
+
+def test_bad_input_fails_the_batch_with_nothing_visible(ospark, broker, conn, topic_name):
+    create_topic(conn, topic_name, 2)
+    base = ospark.createDataFrame([("a", "x"), (None, "y"), (None, "z")], "key string, body string")
+
+    def write(df, **options):
+        writer = df.write.format("orderlymq").option("brokers", broker.address).option("topic", topic_name)
+        for key, value in options.items():
+            writer = writer.option(key, value)
+        writer.mode("append").save()
+
+    with pytest.raises(Exception, match=r"2 of 3 row\(s\) have a null sharding key in column 'key'"):
+        write(base.coalesce(1), shardingKey="key")
+    with pytest.raises(Exception, match=r"column 'nope' \(option 'shardingKey'\) is not in the DataFrame"):
+        write(base, shardingKey="nope")
+    with pytest.raises(Exception, match=r"column 'n' \(option 'bodyColumn'\) has type int; a body must be binary"):
+        write(base.withColumn("n", F.lit(1)), shardingKey="key", bodyColumn="n")
+    with pytest.raises(Exception, match="option 'shardingKey' is required"):
+        write(base)
+    with pytest.raises(Exception, match=r"topic 'missing-topic' \(option 'topic'\) does not exist"):
+        base.write.format("orderlymq").option("brokers", broker.address).option("topic", "missing-topic").option(
+            "shardingKey", "key"
+        ).mode("append").save()
+    assert all(events == [] for events in topic_events(conn, topic_name).values())
+
+
+def _writer(broker, topic_name):
+    schema = StructType([StructField("key", source_schema()["key"].dataType), source_schema()["body"]])
+    ds = OrderlyMQDataSource({"brokers": broker.address, "topic": topic_name, "shardingKey": "key"})
+    return ds.streamWriter(schema, False)
+
+
+def _attempt(writer, partition, events):
+    bodies = [json.dumps({"key": k, "seq": s}).encode() for k, s in events]
+    batch = pa.record_batch([pa.array([k for k, _ in events]), pa.array(bodies, pa.binary())], ["key", "body"])
+    m = writer.write(iter([batch]))
+    return type(m)(m.query_id, m.batch_id, partition, m.txn_id, m.rows)
+
+
+def test_commit_cut_short_is_finished_by_the_replay(broker, conn, topic_name):
+    """The driver recorded its plan and committed partition 0 only, then died: the replay completes it."""
+    from connector.spark import transactions
+
+    create_topic(conn, topic_name, 2)
+    writer = _writer(broker, topic_name)
+    part0, part1 = keyed_events(3, 2), keyed_events(3, 2, start=2)
+    first = [_attempt(writer, 0, part0), _attempt(writer, 1, part1)]
+    conn.call(
+        "CreateTopic", pb.CreateTopicRequest(topic=transactions.SINK_LOG_TOPIC, queue_count=1, if_not_exists=True)
+    )
+    transactions._record_plan(conn, first[0].query_id, 3, [(m.partition_id, m.txn_id) for m in first])
+    conn.call("CommitTxn", pb.CommitTxnRequest(txn_id=first[0].txn_id))
+    writer.commit([_attempt(writer, 0, part0), _attempt(writer, 1, part1)], 3)
+    check_routed_in_order(conn, topic_name, 2, part0 + part1)
+
+
+def test_topic_grown_under_a_running_writer_fails_clearly(broker, conn, topic_name):
+    from broker.wire.errors import TopicGrewError
+
+    create_topic(conn, topic_name, 2)
+    writer = _writer(broker, topic_name)
+    conn.call("UpdateTopic", pb.UpdateTopicRequest(topic=topic_name, queue_count=4))
+    with pytest.raises(TopicGrewError, match="now has 4 queues, but this query routes keys over the 2"):
+        _attempt(writer, 0, keyed_events(2, 1))
+    assert all(events == [] for events in topic_events(conn, topic_name).values())
