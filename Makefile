@@ -1,4 +1,5 @@
-# Every target bootstraps .venv on first use, so each works on a fresh clone.
+# Every target bootstraps .venv on first use, so each works on a fresh clone. The editable install
+# uses a .pth path entry (compat mode) so Spark's discovery of pyspark_* modules finds pyspark_orderlymq.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -13,7 +14,7 @@ export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[test]' --config-settings editable_mode=compat
 	touch $(STAMP)
 
 demo: $(STAMP)  ## start the embedded broker and run the demo pipeline
