@@ -1,0 +1,104 @@
+"""Batch reads (``spark.read``) against a real broker: ranges, timestamps, tags, errors."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+
+from broker.wire import codec
+from connector.client.connection import pb
+from tests.spark.helpers import by_key, create_topic, keyed_events, produce, rows_by_key, wait_for
+
+pytestmark = pytest.mark.spark
+
+
+def read(ospark, address, topic, **options):
+    reader = ospark.read.format("orderlymq").option("brokers", address).option("topic", topic)
+    for key, value in options.items():
+        reader = reader.option(key, str(value))
+    return reader.load()
+
+
+def test_batch_read_whole_topic_in_queue_order(ospark, broker, conn, topic_name):
+    create_topic(conn, topic_name, 3)
+    events = keyed_events(6, 4)
+    produce(conn, topic_name, 3, events)
+    batch = codec.messages_to_batch([{"key": "p", "body": b"{}", "properties": {"a": "1"}, "tag": "T"}])
+    conn.call("Send", pb.SendRequest(topic=topic_name, queue_id=0, batch=codec.encode(batch)))
+    rows = read(ospark, broker.address, topic_name).collect()
+    with_props = [r for r in rows if r["key"] == "p"]
+    assert with_props[0]["properties"] == {"a": "1"} and with_props[0]["tag"] == "T"
+    assert rows_by_key(r for r in rows if r["key"] != "p") == by_key(events)
+    assert {r["broker"] for r in rows} == {"broker-a"}
+    lean = read(ospark, broker.address, topic_name, includeProperties="false")
+    assert "properties" not in lean.columns and lean.count() == len(events) + 1
+
+
+def test_batch_read_offset_ranges_and_tags(ospark, broker, conn, topic_name):
+    create_topic(conn, topic_name, 1)
+    events = keyed_events(1, 10)
+    produce(conn, topic_name, 1, events, tag=lambda key, seq: "A" if seq % 3 == 0 else "B")
+    ranged = read(
+        ospark,
+        broker.address,
+        topic_name,
+        startingOffsets=f'{{"{topic_name}": {{"0": 2}}}}',
+        endingOffsets=f'{{"{topic_name}": {{"0": 7}}}}',
+    ).collect()
+    assert [r["queue_offset"] for r in ranged] == [2, 3, 4, 5, 6]
+    tagged = read(ospark, broker.address, topic_name, tags="A").collect()
+    assert [r["queue_offset"] for r in tagged] == [0, 3, 6, 9]
+
+
+def test_batch_read_by_timestamps(ospark, broker, conn, topic_name):
+    create_topic(conn, topic_name, 2)
+    early, late = keyed_events(4, 3), keyed_events(4, 3, start=3)
+    produce(conn, topic_name, 2, early)
+    time.sleep(0.05)  # store timestamps are in ms: make the two rounds distinct
+    cut = codec.now_ms()
+    time.sleep(0.05)
+    produce(conn, topic_name, 2, late)
+    after = read(ospark, broker.address, topic_name, startingTimestamp=cut).collect()
+    before = read(ospark, broker.address, topic_name, endingTimestamp=cut).collect()
+    assert rows_by_key(after) == by_key(late)
+    assert rows_by_key(before) == by_key(early)
+
+
+def test_retention_and_fail_on_data_loss(ospark, broker_factory, topic_name):
+    from connector.client.connection import BrokerConnection
+
+    broker = broker_factory(segment_bytes=256, retention_bytes=1, retention_check_interval_ms=50)
+    with BrokerConnection(broker.address) as conn:
+        create_topic(conn, topic_name, 1)
+        for start in range(0, 12, 3):
+            produce(conn, topic_name, 1, keyed_events(1, 3, start=start))
+        low = wait_for(
+            lambda: conn.call("QueryOffsets", pb.QueryOffsetsRequest(topic=topic_name, queue_id=0)).min_offset
+        )
+    from_zero = f'{{"{topic_name}": {{"0": 0}}}}'
+    with pytest.raises(Exception, match=r"removed by retention.*failOnDataLoss=false"):
+        read(ospark, broker.address, topic_name, startingOffsets=from_zero).collect()
+    rows = read(ospark, broker.address, topic_name, startingOffsets=from_zero, failOnDataLoss="false").collect()
+    assert [r["queue_offset"] for r in rows] == list(range(low, 12))
+
+
+def test_bad_input_errors_name_the_option(ospark, broker, conn, topic_name):
+    create_topic(conn, topic_name, 2)
+    produce(conn, topic_name, 2, keyed_events(2, 2))
+    with pytest.raises(Exception, match=r"topic 'nope' \(option 'topic'\) does not exist"):
+        read(ospark, broker.address, "nope").collect()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = f"127.0.0.1:{s.getsockname()[1]}"
+    with pytest.raises(Exception, match=r"cannot reach the broker named by option 'brokers'"):
+        read(ospark, closed, topic_name, pollTimeoutMs=300).collect()
+    with pytest.raises(Exception, match=r"option 'endingOffsets': offset 99 of queue .*/0 is past its end"):
+        read(ospark, broker.address, topic_name, endingOffsets=f'{{"{topic_name}": {{"0": 99}}}}').collect()
+    with pytest.raises(Exception, match=r"option 'startingOffsets' names queue 5 of topic"):
+        read(ospark, broker.address, topic_name, startingOffsets=f'{{"{topic_name}": {{"5": 0}}}}').collect()
+    with pytest.raises(Exception, match=r"option 'startingOffsets' is not valid JSON"):
+        read(ospark, broker.address, topic_name, startingOffsets="{oops").collect()
+    with pytest.raises(Exception, match=r"unknown option 'colour'"):
+        read(ospark, broker.address, topic_name, colour="blue").collect()
