@@ -354,7 +354,7 @@ class OrderlyConsumer(PushConsumer):
     def _commit_consumed(self, pq: ProcessQueue) -> bool:
         offset = pq.commit()
         if offset is not None:
-            return self._commit(pq, offset)
+            self._commit(pq, offset)
         return True
 
     def _suspend(self, pq: ProcessQueue, messages: list[Message], context: ConsumeOrderlyContext) -> bool:

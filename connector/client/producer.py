@@ -23,7 +23,7 @@ from typing import Any
 import pyarrow as pa
 
 from broker.wire import codec
-from broker.wire.errors import BrokerUnavailableError, InvalidRequestError, QueueOutOfRangeError
+from broker.wire.errors import BadBatchError, BrokerUnavailableError, InvalidRequestError, QueueOutOfRangeError
 from broker.wire.routing import queue_for_key
 from connector.client.connection import BrokerConnection
 from connector.client.messages import Message, MessageQueue, SendResult
@@ -50,6 +50,23 @@ class RoutedChunk:
 def _check_key(key: Any) -> None:
     if key is not None and (isinstance(key, bool) or not isinstance(key, str | int | bytes | bytearray | memoryview)):
         raise InvalidRequestError(f"sharding key must be str, int or bytes, got {type(key).__name__} {key!r}")
+
+
+def _message_row(body: Any, key: Any, tag: Any, properties: Any) -> dict:
+    """A checked message dict for ``codec.messages_to_batch``, stamped with its born time now."""
+    if not isinstance(body, bytes | bytearray | memoryview | str):
+        raise BadBatchError(f"body must be bytes or str, got {type(body).__name__}")
+    _check_key(key)
+    if isinstance(key, bytes | bytearray | memoryview):
+        try:
+            bytes(key).decode("utf-8")
+        except UnicodeDecodeError:
+            raise BadBatchError("binary key is not valid UTF-8 (the key column is a string)") from None
+    if tag is not None and not isinstance(tag, str):
+        raise BadBatchError(f"tag must be a string, got {type(tag).__name__}")
+    if properties is not None and not isinstance(properties, Mapping):
+        raise BadBatchError(f"properties must be a mapping of strings, got {type(properties).__name__}")
+    return {"body": body, "key": key, "tag": tag, "properties": properties, "born_timestamp": codec.now_ms()}
 
 
 class Producer:
@@ -138,6 +155,18 @@ class Producer:
         msg = message or Message(topic=topic, body=b"", key=key)
         return select_queue(self._selector_for(resolve_selector(selector), key), queues, msg, arg)
 
+    def _route_one(
+        self, topic: str, row: dict, selector: str | QueueSelector | None, arg: Any, queue_id: int | None
+    ) -> int:
+        queues = self.queues(topic)
+        if queue_id is not None:
+            return _check_queue_id(topic, queue_id, len(queues))
+        key = row["key"]
+        sel = self._selector_for(resolve_selector(selector), key)
+        if isinstance(sel, SelectByHash) and key is not None:
+            return queue_for_key(key, len(queues))
+        return select_queue(sel, queues, _dict_message(topic, row), arg)
+
     def route(
         self,
         topic: str,
@@ -166,11 +195,7 @@ class Producer:
             rows = lambda i: _dict_message(topic, messages[i])  # noqa: E731
         n = table.num_rows
         if queue_id is not None:
-            if isinstance(queue_id, bool) or not isinstance(queue_id, int) or not 0 <= queue_id < len(queues):
-                raise QueueOutOfRangeError(
-                    f"queue_id {queue_id!r} out of range: topic {topic!r} has queues 0..{len(queues) - 1}"
-                )
-            return [RoutedChunk(queue_id, table, list(range(n)))]
+            return [RoutedChunk(_check_queue_id(topic, queue_id, len(queues)), table, list(range(n)))]
         chosen = resolve_selector(selector)
         positions: dict[int, list[int]] = defaultdict(list)
         for i in range(n):
@@ -207,9 +232,9 @@ class Producer:
         ``callback(future)`` runs on the producer's I/O thread when the send completes: keep it short
         and do not wait on other sends from it.
         """
-        msg = {"body": body, "key": key, "tag": tag, "properties": properties}
-        (chunk,) = self.route(topic, [msg], selector=selector, arg=arg, queue_id=queue_id)
-        (future,) = self._sender.submit(topic, chunk.queue_id, chunk.table, single=True, urgent=False)
+        row = _message_row(body, key, tag, properties)
+        target = self._route_one(topic, row, selector, arg, queue_id)
+        (future,) = self._sender.submit(topic, target, [row], single=True, urgent=False)
         if callback is not None:
             future.add_done_callback(callback)
         return future
@@ -231,9 +256,9 @@ class Producer:
         Raises ``TopicNotFoundError``, ``InvalidRequestError`` (null key with the hash selector, bad
         key type), ``QueueOutOfRangeError`` (a selector's bad answer), ``BrokerUnavailableError``.
         """
-        msg = {"body": body, "key": key, "tag": tag, "properties": properties}
-        (chunk,) = self.route(topic, [msg], selector=selector, arg=arg, queue_id=queue_id)
-        (future,) = self._sender.submit(topic, chunk.queue_id, chunk.table, single=True, urgent=True)
+        row = _message_row(body, key, tag, properties)
+        target = self._route_one(topic, row, selector, arg, queue_id)
+        (future,) = self._sender.submit(topic, target, [row], single=True, urgent=True)
         return self._wait(future)
 
     def send_batch(
@@ -289,6 +314,12 @@ class Producer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _check_queue_id(topic: str, queue_id: Any, count: int) -> int:
+    if isinstance(queue_id, bool) or not isinstance(queue_id, int) or not 0 <= queue_id < count:
+        raise QueueOutOfRangeError(f"queue_id {queue_id!r} out of range: topic {topic!r} has queues 0..{count - 1}")
+    return queue_id
 
 
 def _row_message(topic: str, table: pa.Table, i: int, key: Any) -> Message:

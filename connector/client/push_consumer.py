@@ -137,6 +137,7 @@ class PushConsumer(abc.ABC):
         self._table_lock = threading.Lock()
         self._stop = threading.Event()
         self._rebalance_now = threading.Event()
+        self._commit_wakeup = threading.Event()
         self._members: list[str] = []
         self._threads: list[threading.Thread] = []
         self._executor: ThreadPoolExecutor | None = None
@@ -199,7 +200,7 @@ class PushConsumer(abc.ABC):
         """Subclass hook run by ``start`` before the first rebalance."""
 
     def _thread_targets(self) -> list[tuple[str, Callable[[], None]]]:
-        return [("service", self._service_loop), ("pull", self._pull_loop)]
+        return [("service", self._service_loop), ("pull", self._pull_loop), ("commit", self._commit_loop)]
 
     def shutdown(self) -> None:
         """Stop pulling, let in-flight listeners finish, commit offsets and release the queues."""
@@ -276,7 +277,6 @@ class PushConsumer(abc.ABC):
                     self._rebalance_now.clear()
                     next_rebalance = now + self.rebalance_interval
                     self._rebalance()
-                self._retry_commits()
                 self.store.flush()
             except OrderlyMQError as exc:
                 log.warning("consumer %s: %s", self.client_id, exc)
@@ -350,13 +350,24 @@ class PushConsumer(abc.ABC):
 
     # -- offsets -------------------------------------------------------------------------------
 
-    def _commit(self, pq: ProcessQueue, offset: int) -> bool:
-        """Commit ``offset`` for ``pq`` (fenced by its epoch when locked); False when fenced."""
-        if not pq.stage_commit(offset):
-            return True
-        return self._persist(pq)
+    def _commit(self, pq: ProcessQueue, offset: int) -> None:
+        """Commit ``offset`` for ``pq`` soon, on the committer thread (fenced by its epoch when
+        locked); commits of a queue never go backwards and coalesce while one is on the wire."""
+        if pq.stage_commit(offset):
+            self._commit_wakeup.set()
+
+    def _commit_loop(self) -> None:
+        while not self._stop.is_set():
+            self._commit_wakeup.wait(1.0)
+            self._commit_wakeup.clear()
+            with self._table_lock:
+                pqs = list(self.table.values())
+            for pq in pqs:
+                if pq.pending_commit is not None and not pq.dropped:
+                    self._persist(pq)
 
     def _persist(self, pq: ProcessQueue) -> bool:
+        """Send ``pq``'s staged commit now; False when the broker fenced it (the queue is lost)."""
         with pq.commit_lock:
             offset = pq.pending_commit
             if offset is None:
@@ -374,13 +385,6 @@ class PushConsumer(abc.ABC):
                 return True
             pq.commit_done(offset)
             return True
-
-    def _retry_commits(self) -> None:
-        with self._table_lock:
-            pqs = list(self.table.values())
-        for pq in pqs:
-            if pq.pending_commit is not None and not pq.dropped:
-                self._persist(pq)
 
     # -- pulling -------------------------------------------------------------------------------
 

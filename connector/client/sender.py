@@ -30,7 +30,7 @@ import grpc
 import pyarrow as pa
 
 from broker.wire import codec
-from broker.wire.errors import BrokerUnavailableError, OrderlyMQError, from_status
+from broker.wire.errors import BadBatchError, BrokerUnavailableError, OrderlyMQError, from_status
 from connector.client.connection import BrokerConnection, pb
 from connector.client.messages import SendResult
 
@@ -43,12 +43,19 @@ _STATUS_BY_VALUE = {status.value[0]: status for status in grpc.StatusCode}
 
 @dataclass(eq=False)
 class _Chunk:
-    """Rows submitted together (one send, or one queue's share of a batch send)."""
+    """Rows submitted together (one send, or one queue's share of a batch send): a normalized
+    table, or validated message dicts turned into Arrow only when their batch is built."""
 
-    table: pa.Table
+    table: pa.Table | None
+    rows: list[dict] | None
     future: Future
     single: bool
     nbytes: int
+    num_rows: int
+
+
+def _row_bytes(row: dict) -> int:
+    return len(row["body"]) + 64
 
 
 @dataclass(eq=False)
@@ -58,6 +65,24 @@ class _Batch:
     sequence: int
     chunks: list[_Chunk]
     request: pb.SendRequest | None = None
+    error: OrderlyMQError | None = None
+
+
+def _batch_table(chunks: list[_Chunk]) -> pa.Table:
+    """One table of the chunks' rows in order; consecutive dict chunks become one Arrow conversion."""
+    tables: list[pa.Table] = []
+    rows: list[dict] = []
+    for chunk in chunks:
+        if chunk.rows is not None:
+            rows.extend(chunk.rows)
+            continue
+        if rows:
+            tables.append(codec.messages_to_batch(rows))
+            rows = []
+        tables.append(chunk.table)
+    if rows:
+        tables.append(codec.messages_to_batch(rows))
+    return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
 
 
 @dataclass(eq=False)
@@ -109,18 +134,23 @@ class PipelinedSender:
 
     # -- submitting ----------------------------------------------------------------------------
 
-    def submit(self, topic: str, queue_id: int, table: pa.Table, *, single: bool, urgent: bool) -> list[Future]:
-        """Queue normalized rows for ``(topic, queue_id)``; one future per chunk of at most one batch.
-
-        A future resolves to a ``SendResult`` (``single``) or a list of them, one per row.
+    def submit(
+        self, topic: str, queue_id: int, data: pa.Table | list[dict], *, single: bool, urgent: bool
+    ) -> list[Future]:
+        """Queue rows for ``(topic, queue_id)``: a normalized table, or validated message dicts (see
+        ``codec.messages_to_batch``). Returns one future per chunk of at most one batch; a future
+        resolves to a ``SendResult`` (``single``) or a list of them, one per row.
         """
         chunks = []
-        step = self.max_batch_messages
-        if table.num_rows > 1 and table.nbytes > self.max_batch_bytes:
-            step = max(1, min(step, int(table.num_rows * self.max_batch_bytes / table.nbytes)))
-        for start in range(0, table.num_rows, step):
-            part = table.slice(start, step)
-            chunks.append(_Chunk(part, Future(), single, part.nbytes))
+        if isinstance(data, list):
+            chunks.append(_Chunk(None, data, Future(), single, sum(map(_row_bytes, data)), len(data)))
+        else:
+            step = self.max_batch_messages
+            if data.num_rows > 1 and data.nbytes > self.max_batch_bytes:
+                step = max(1, min(step, int(data.num_rows * self.max_batch_bytes / data.nbytes)))
+            for start in range(0, data.num_rows, step):
+                part = data.slice(start, step)
+                chunks.append(_Chunk(part, None, Future(), single, part.nbytes, part.num_rows))
         with self._cond:
             if self._closed:
                 raise OrderlyMQError("the producer is closed; create a new one to send")
@@ -131,9 +161,9 @@ class PipelinedSender:
                 partition.oldest = time.monotonic()
             for chunk in chunks:
                 partition.pending.append(chunk)
-                partition.pending_rows += chunk.table.num_rows
+                partition.pending_rows += chunk.num_rows
                 partition.pending_bytes += chunk.nbytes
-                self._buffered += chunk.table.num_rows
+                self._buffered += chunk.num_rows
             partition.urgent = partition.urgent or urgent
             self._outstanding += len(chunks)
             self._cond.notify_all()
@@ -191,13 +221,12 @@ class PipelinedSender:
                 while partition.pending:
                     nxt = partition.pending[0]
                     if chunks and (
-                        rows + nxt.table.num_rows > self.max_batch_messages
-                        or nbytes + nxt.nbytes > self.max_batch_bytes
+                        rows + nxt.num_rows > self.max_batch_messages or nbytes + nxt.nbytes > self.max_batch_bytes
                     ):
                         break
                     partition.pending.popleft()
                     chunks.append(nxt)
-                    rows += nxt.table.num_rows
+                    rows += nxt.num_rows
                     nbytes += nxt.nbytes
                 partition.pending_rows -= rows
                 partition.pending_bytes -= nbytes
@@ -220,8 +249,11 @@ class PipelinedSender:
                     self._cond.wait(timeout)
                     continue
             for batch in batches:
-                tables = [c.table for c in batch.chunks]
-                table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+                try:
+                    table = _batch_table(batch.chunks)
+                except Exception as exc:  # noqa: BLE001 - the dispatcher must survive any bad message
+                    batch.error = exc if isinstance(exc, OrderlyMQError) else BadBatchError(f"cannot encode: {exc}")
+                    continue
                 batch.request = pb.SendRequest(
                     topic=batch.topic,
                     queue_id=batch.queue_id,
@@ -229,10 +261,20 @@ class PipelinedSender:
                     producer_id=self.producer_id,
                     sequence=batch.sequence,
                 )
+            failed = [b for b in batches if b.error is not None]
+            for batch in failed:
+                for chunk in batch.chunks:
+                    chunk.future.set_exception(batch.error)
             with self._cond:
+                for batch in failed:
+                    self._partitions[(batch.topic, batch.queue_id)].in_flight -= 1
+                    self._buffered -= sum(c.num_rows for c in batch.chunks)
+                    self._outstanding -= len(batch.chunks)
                 for batch in batches:
+                    if batch.error is not None:
+                        continue
                     self._in_flight.append(batch)
-                    self._buffered -= sum(c.table.num_rows for c in batch.chunks)
+                    self._buffered -= sum(c.num_rows for c in batch.chunks)
                     if self._requests is not None:
                         self._requests.put(batch.request)
                 self._cond.notify_all()
@@ -307,9 +349,9 @@ class PipelinedSender:
             for chunk in batch.chunks:
                 results = [
                     SendResult(batch.topic, batch.queue_id, offset + i, response.store_timestamp, response.duplicate)
-                    for i in range(chunk.table.num_rows)
+                    for i in range(chunk.num_rows)
                 ]
-                offset += chunk.table.num_rows
+                offset += chunk.num_rows
                 chunk.future.set_result(results[0] if chunk.single else results)
         with self._cond:
             self._outstanding -= len(batch.chunks)
@@ -321,11 +363,8 @@ class PipelinedSender:
             f"broker {self._conn.address} unreachable for {self.retry_timeout:.0f}s; "
             f"sends not acknowledged (last error: {cause or 'stream ended'})"
         )
-        error = (
-            cause
-            if cause is not None and not isinstance(cause, BrokerUnavailableError)
-            else BrokerUnavailableError(message)
-        )
+        error = cause if cause is not None and not isinstance(cause, BrokerUnavailableError) else None
+        error = error or BrokerUnavailableError(message)
         with self._cond:
             failed = list(self._in_flight)
             self._in_flight.clear()
@@ -338,8 +377,9 @@ class PipelinedSender:
                 partition.pending.clear()
                 partition.pending_rows = partition.pending_bytes = 0
                 partition.urgent = False
-            self._outstanding -= len(chunks)
-            self._cond.notify_all()
         for chunk in chunks:
             if not chunk.future.done():
                 chunk.future.set_exception(error)
+        with self._cond:
+            self._outstanding -= len(chunks)
+            self._cond.notify_all()
