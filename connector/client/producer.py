@@ -23,7 +23,13 @@ from typing import Any
 import pyarrow as pa
 
 from broker.wire import codec
-from broker.wire.errors import BadBatchError, BrokerUnavailableError, InvalidRequestError, QueueOutOfRangeError
+from broker.wire.errors import (
+    BadBatchError,
+    BrokerUnavailableError,
+    InvalidRequestError,
+    QueueOutOfRangeError,
+    TopicNotFoundError,
+)
 from broker.wire.routing import queue_for_key
 from connector.client.connection import BrokerConnection
 from connector.client.messages import Message, MessageQueue, SendResult
@@ -235,6 +241,7 @@ class Producer:
         row = _message_row(body, key, tag, properties)
         target = self._route_one(topic, row, selector, arg, queue_id)
         (future,) = self._sender.submit(topic, target, [row], single=True, urgent=False)
+        future.add_done_callback(self._route_check(topic))
         if callback is not None:
             future.add_done_callback(callback)
         return future
@@ -259,7 +266,7 @@ class Producer:
         row = _message_row(body, key, tag, properties)
         target = self._route_one(topic, row, selector, arg, queue_id)
         (future,) = self._sender.submit(topic, target, [row], single=True, urgent=True)
-        return self._wait(future)
+        return self._wait(future, topic)
 
     def send_batch(
         self,
@@ -279,15 +286,27 @@ class Producer:
         total = sum(len(chunk.positions) for chunk, _ in futures)
         out: list[SendResult | None] = [None] * total
         for chunk, parts in futures:
-            results = [r for f in parts for r in self._wait(f)]
+            results = [r for f in parts for r in self._wait(f, topic)]
             for position, result in zip(chunk.positions, results, strict=True):
                 out[position] = result
         return out  # type: ignore[return-value]
 
-    def _wait(self, future: Future):
+    def _route_check(self, topic: str) -> Callable[[Future], None]:
+        """A done-callback forgetting the cached route when the broker says it is stale."""
+
+        def check(future: Future) -> None:
+            if isinstance(future.exception(), TopicNotFoundError | QueueOutOfRangeError):
+                self.routes.invalidate(topic)
+
+        return check
+
+    def _wait(self, future: Future, topic: str):
         timeout = self.retry_timeout * 2 + self.timeout
         try:
             return future.result(timeout=timeout)
+        except (TopicNotFoundError, QueueOutOfRangeError):
+            self.routes.invalidate(topic)
+            raise
         except FuturesTimeout:
             raise BrokerUnavailableError(
                 f"no acknowledgement from broker {self.connection.address} within {timeout:.0f}s"

@@ -235,22 +235,28 @@ class PullConsumer:
 
     # -- locks ---------------------------------------------------------------------------------
 
-    def lock(self, topic: str, queue_id: int) -> int:
+    def lock(self, topic: str, queue_id: int, *, wait: float = 0.0) -> int:
         """Take (or renew) the group's lock of a queue; returns the fencing epoch.
 
-        Raises ``LockUnavailableError`` naming the holder when another live client has it.
+        While another live client holds it, retries for up to ``wait`` seconds, then raises
+        ``LockUnavailableError`` naming the holder.
         """
         group = self._require_group("lock")
         request = pb.LockBatchRequest(group=group, client_id=self.client_id, topic=topic, queue_ids=[queue_id])
-        response = self.connection.call("LockBatch", request)
-        for held in response.locked:
-            if held.queue_id == queue_id:
-                self._epochs[MessageQueue(topic, queue_id)] = held.epoch
-                return held.epoch
+        deadline = time.monotonic() + wait
+        while True:
+            for held in self.connection.call("LockBatch", request).locked:
+                if held.queue_id == queue_id:
+                    self._epochs[MessageQueue(topic, queue_id)] = held.epoch
+                    return held.epoch
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
         holders = self.connection.call("QueryLocks", pb.QueryLocksRequest(group=group, topic=topic)).locks
-        holder = next((h.client_id for h in holders if h.queue_id == queue_id), "another client")
+        holder = next((h for h in holders if h.queue_id == queue_id), None)
+        who = f"{holder.client_id} (epoch {holder.epoch})" if holder else "another client"
         raise LockUnavailableError(
-            f"queue {topic}[{queue_id}] of group {group!r} is locked by {holder}; "
+            f"queue {topic}[{queue_id}] of group {group!r} is locked by {who}; "
             "it is released when that client unlocks it or its lease expires"
         )
 

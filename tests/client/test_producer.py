@@ -140,6 +140,18 @@ def test_bad_input_raises_precise_errors(broker, admin, producer, topic_name):
     assert read_topic(broker.address, topic_name) == {0: [], 1: []}
 
 
+def test_a_stale_route_is_refreshed_after_the_broker_refuses_it(broker, admin, producer, topic_name):
+    admin.create_topic(topic_name, 4)
+    assert producer.send(topic_name, b"a", queue_id=3).queue_id == 3
+    admin.delete_topic(topic_name)
+    admin.create_topic(topic_name, 2)
+    with pytest.raises(QueueOutOfRangeError):
+        producer.send(topic_name, b"b", queue_id=3)  # the cached route still says 4 queues: the broker refuses
+    with pytest.raises(QueueOutOfRangeError, match="queues 0..1"):
+        producer.send(topic_name, b"c", queue_id=3)  # refreshed: refused before sending
+    assert producer.send(topic_name, b"d", key="k").queue_id == queue_for_key("k", 2)
+
+
 def test_unknown_broker_address_fails_with_the_address():
     with Producer("127.0.0.1:1", retry_timeout=0.5) as producer:
         with pytest.raises(BrokerUnavailableError, match="127.0.0.1:1"):
