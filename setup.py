@@ -6,7 +6,7 @@ setup(
     description="An ordered message broker in the mould of RocketMQ's ordered messages, "
     "with a PySpark Structured Streaming source and sink",
     python_requires=">=3.10",
-    packages=find_packages(include=["broker", "broker.*", "connector", "connector.*", "pyspark_orderlymq", "spark_jobs"]),
+    packages=find_packages(include=["broker", "broker.*", "connector", "connector.*", "pyspark_orderlymq", "spark_jobs", "bench"]),
     package_data={"broker.proto": ["*.proto", "*.pyi"]},
     install_requires=[
         "grpcio==1.85.1",

@@ -1,0 +1,179 @@
+"""Spark benchmarks: the ``orderlymq`` source and sink against the ceiling of Spark's Python data
+source path (``benchmem``, the same Arrow schema and batch sizes from memory) and ``noop``;
+end-to-end latency; the broker-side cost of one micro-batch's control calls."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from pathlib import Path
+
+from bench.broker import BODY_BYTES, make_batch
+from bench.memsource import MemSource
+from bench.report import Row, percentile
+from broker.launcher import BrokerProcess
+from connector.client.connection import BrokerConnection, pb
+from spark_jobs.session import spark_session
+
+QUEUES = 8
+PULL_BATCH_ROWS = 10_000  # records of 10,000 rows: what a pull returns per stored batch here
+
+
+def _prefill(conn: BrokerConnection, topic: str, rows: int) -> None:
+    payload = make_batch(PULL_BATCH_ROWS)
+    conn.call("CreateTopic", pb.CreateTopicRequest(topic=topic, queue_count=QUEUES))
+    for i in range(rows // PULL_BATCH_ROWS):
+        conn.call("Send", pb.SendRequest(topic=topic, queue_id=i % QUEUES, batch=payload))
+
+
+def _run_available_now(df, checkpoint: Path, sink: str = "noop", **options) -> float:
+    writer = df.writeStream.format(sink).option("checkpointLocation", str(checkpoint))
+    for k, v in options.items():
+        writer = writer.option(k, v)
+    t0 = time.perf_counter()
+    query = writer.trigger(availableNow=True).start()
+    query.awaitTermination()
+    if query.exception():
+        raise RuntimeError(f"benchmark query failed: {query.exception()}")
+    return time.perf_counter() - t0
+
+
+def _source(spark, address: str, topic: str, group: str):
+    return (spark.readStream.format("orderlymq").option("brokers", address).option("topic", topic)
+            .option("consumerGroup", group).option("startingOffsets", "earliest").load())
+
+
+def _mem(spark, rows: int):
+    return (spark.readStream.format("benchmem").option("partitions", str(QUEUES))
+            .option("rows", str(rows // QUEUES)).option("batchRows", str(PULL_BATCH_ROWS)).load())
+
+
+def source_vs_ceiling(spark, workdir: Path, address: str, topic: str, rows: int) -> tuple[float, float]:
+    ours = rows / _run_available_now(_source(spark, address, topic, f"bench-{uuid.uuid4().hex[:6]}"),
+                                     workdir / f"ck-{uuid.uuid4().hex}")
+    ceiling = rows / _run_available_now(_mem(spark, rows), workdir / f"ck-{uuid.uuid4().hex}")
+    return ours, ceiling
+
+
+def sink_vs_ceiling(spark, workdir: Path, address: str, rows: int) -> tuple[float, float, float]:
+    conn = BrokerConnection(address)
+    rates = []
+    for exactly_once in ("true", "false"):
+        topic = f"bench-sink-{exactly_once}-{uuid.uuid4().hex[:6]}"
+        conn.call("CreateTopic", pb.CreateTopicRequest(topic=topic, queue_count=QUEUES))
+        df = _mem(spark, rows).select("key", "body")
+        rates.append(rows / _run_available_now(df, workdir / f"ck-{uuid.uuid4().hex}", "orderlymq", brokers=address,
+                                               topic=topic, shardingKey="key", exactlyOnce=exactly_once))
+    conn.close()
+    noop = rows / _run_available_now(_mem(spark, rows).select("key", "body"), workdir / f"ck-{uuid.uuid4().hex}")
+    return rates[0], rates[1], noop
+
+
+def end_to_end_latency(spark, workdir: Path, address: str, samples: int) -> tuple[float, float]:
+    """Produce -> row visible to a consumer of the sink's output topic (processingTime 0)."""
+    conn = BrokerConnection(address)
+    src, dst = f"lat-in-{uuid.uuid4().hex[:6]}", f"lat-out-{uuid.uuid4().hex[:6]}"
+    for t in (src, dst):
+        conn.call("CreateTopic", pb.CreateTopicRequest(topic=t, queue_count=1))
+    query = (_source(spark, address, src, "bench-latency").select("key", "body").writeStream.format("orderlymq")
+             .option("brokers", address).option("topic", dst).option("shardingKey", "key")
+             .option("checkpointLocation", str(workdir / f"ck-{uuid.uuid4().hex}"))
+             .trigger(processingTime="0 seconds").start())
+    from broker.wire import codec
+
+    latencies: list[float] = []
+    sent: dict[int, float] = {}
+    done = threading.Event()
+
+    def consume():
+        offset = 0
+        while offset < samples and not done.is_set():
+            resp = conn.call("Pull", pb.PullRequest(topic=dst, queue_id=0, offset=offset, wait_ms=1000))
+            now = time.perf_counter()
+            for body in codec.decode_many(resp.batches).column("body").to_pylist():
+                latencies.append((now - sent[int(body)]) * 1000)
+            offset = resp.next_offset
+
+    consumer = threading.Thread(target=consume)
+    consumer.start()
+    time.sleep(3)  # let the query start its first (empty) batches
+    for i in range(samples):
+        sent[i] = time.perf_counter()
+        batch = codec.encode(codec.messages_to_batch([{"key": "k", "body": str(i)}]))
+        conn.call("Send", pb.SendRequest(topic=src, queue_id=0, batch=batch))
+        time.sleep(0.05)
+    consumer.join(timeout=60)
+    done.set()
+    query.stop()
+    conn.close()
+    warm = latencies[len(latencies) // 10:]  # drop the warm-up of the Python workers
+    return percentile(warm, 50), percentile(warm, 99)
+
+
+def control_cost_ms(address: str, repeats: int = 30) -> dict[str, float]:
+    """Broker round trips one micro-batch makes besides data: lock renewal of every queue, an
+    offset commit per queue, and a transaction begin + commit per sink task."""
+    conn = BrokerConnection(address)
+    topic = f"ctl-{uuid.uuid4().hex[:6]}"
+    conn.call("CreateTopic", pb.CreateTopicRequest(topic=topic, queue_count=QUEUES))
+    batch = make_batch(1)
+    for q in range(QUEUES):
+        conn.call("Send", pb.SendRequest(topic=topic, queue_id=q, batch=batch))
+    queues = list(range(QUEUES))
+    timings = {"lock renewal": [], "offset commits": [], "transaction commits": []}
+    epochs = {}
+    for r in range(repeats):
+        t0 = time.perf_counter()
+        resp = conn.call("LockBatch", pb.LockBatchRequest(group="g", client_id="c", topic=topic, queue_ids=queues))
+        epochs = {lk.queue_id: lk.epoch for lk in resp.locked}
+        t1 = time.perf_counter()
+        for q in queues:
+            conn.call("CommitOffset", pb.CommitOffsetRequest(group="g", topic=topic, queue_id=q, offset=1,
+                                                             client_id="c", epoch=epochs[q]))
+        t2 = time.perf_counter()
+        for task in range(QUEUES):
+            txn = f"bench-{r}-{task}"
+            conn.call("BeginTxn", pb.BeginTxnRequest(txn_id=txn))
+            conn.call("Send", pb.SendRequest(topic=topic, queue_id=task, batch=batch, txn_id=txn))
+            conn.call("CommitTxn", pb.CommitTxnRequest(txn_id=txn))
+        t3 = time.perf_counter()
+        timings["lock renewal"].append((t1 - t0) * 1000)
+        timings["offset commits"].append((t2 - t1) * 1000)
+        timings["transaction commits"].append((t3 - t2) * 1000)
+    conn.close()
+    return {name: percentile(values, 50) for name, values in timings.items()}
+
+
+def run(workdir: Path, quick: bool) -> list[Row]:
+    rows_total = 400_000 if quick else 4_000_000
+    out: list[Row] = []
+    with BrokerProcess(workdir / "spark-bench", "--log-level", "WARNING") as broker:
+        conn = BrokerConnection(broker.address)
+        _prefill(conn, "bench-src", rows_total)
+        _prefill(conn, "bench-warm", 20_000)
+        conn.close()
+        spark = spark_session("orderlymq-bench")
+        spark.dataSource.register(MemSource)
+        try:
+            # Warm the Python workers of both paths so neither figure pays the start-up.
+            _run_available_now(_source(spark, broker.address, "bench-warm", "warm"), workdir / "ck-warm")
+            _run_available_now(_mem(spark, 20_000), workdir / "ck-warm-mem")
+            ours, ceiling = source_vs_ceiling(spark, workdir, broker.address, "bench-src", rows_total)
+            out.append(Row("spark source: orderlymq -> noop (AvailableNow)", ours, "rows/s", ceiling,
+                           "benchmem -> noop", BODY_BYTES, QUEUES, ">= 0.7 of ceiling"))
+            eo, alo, noop = sink_vs_ceiling(spark, workdir, broker.address, rows_total)
+            out.append(Row("spark sink: benchmem -> orderlymq (exactly once)", eo, "rows/s", noop,
+                           "benchmem -> noop", BODY_BYTES, QUEUES, ">= 0.5 of ceiling"))
+            out.append(Row("spark sink: benchmem -> orderlymq (at least once)", alo, "rows/s", noop,
+                           "benchmem -> noop", BODY_BYTES, QUEUES))
+            p50, p99 = end_to_end_latency(spark, workdir, broker.address, 40 if quick else 200)
+            out.append(Row("end-to-end latency p50 (produce -> sink output)", p50, "ms", goal="<= 250 ms",
+                           message_bytes=BODY_BYTES, queues=1))
+            out.append(Row("end-to-end latency p99 (produce -> sink output)", p99, "ms", goal="<= 1000 ms",
+                           message_bytes=BODY_BYTES, queues=1))
+            for name, ms in control_cost_ms(broker.address).items():
+                out.append(Row(f"per micro-batch: {name} ({QUEUES} queues)", ms, "ms", queues=QUEUES))
+        finally:
+            spark.stop()
+    return out
