@@ -188,8 +188,12 @@ class PushConsumer(abc.ABC):
         self._started = True
         self._executor = ThreadPoolExecutor(self.consume_threads, thread_name_prefix=f"orderlymq-consume-{self.group}")
         self._scheduler = Scheduler(f"orderlymq-scheduler-{self.group}")
-        self._heartbeat()
-        self._rebalance()
+        try:
+            self._heartbeat()
+            self._rebalance()
+        except BaseException:
+            self.shutdown()
+            raise
         for name, target in self._thread_targets():
             thread = threading.Thread(target=target, name=f"orderlymq-{name}-{self.group}", daemon=True)
             thread.start()
@@ -251,7 +255,7 @@ class PushConsumer(abc.ABC):
         if self.broadcasting:
             return
         request = pb.HeartbeatRequest(group=self.group, client_id=self.client_id, topics=sorted(self.subscriptions))
-        self.connection.call("Heartbeat", request, retry=False)
+        self.connection.call("Heartbeat", request)
         members = list(self.connection.call("ListConsumers", pb.ListConsumersRequest(group=self.group)).client_ids)
         if members != self._members:
             log.info("group %s members: %s", self.group, members)
@@ -263,9 +267,7 @@ class PushConsumer(abc.ABC):
         next_heartbeat = time.monotonic() + self.heartbeat_interval
         while not self._stop.is_set():
             now = time.monotonic()
-            wait = max(0.0, min(next_rebalance, next_heartbeat) - now)
-            if self._rebalance_now.wait(wait):
-                pass
+            self._rebalance_now.wait(max(0.0, min(next_rebalance, next_heartbeat) - now))
             if self._stop.is_set():
                 return
             now = time.monotonic()
