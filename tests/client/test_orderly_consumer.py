@@ -339,3 +339,31 @@ def test_start_refuses_bad_configuration(fast_broker, topic_name):
         OrderlyConsumer(fast_broker.address, "g", lambda m, c: SUCCESS, consume_from="timestamp")
     with pytest.raises(InvalidOptionError, match="message_model"):
         OrderlyConsumer(fast_broker.address, "g", lambda m, c: SUCCESS, message_model="fanout")
+
+
+def test_consumer_rides_out_a_broker_restart(tmp_path, topic_name, record_property):
+    from tests.support import BrokerProcess
+
+    config = tmp_path / "broker.toml"
+    config.write_text("[broker]\n" + "".join(f"{k} = {v}\n" for k, v in FAST_BROKER.items()))
+    broker = BrokerProcess(tmp_path / "data", "--flush", "sync", "--config", str(config)).start()
+    log = OrderLog()
+    keys = [f"k{i}" for i in range(9)]
+    try:
+        with Admin(broker.address) as admin, Producer(broker.address, retry_timeout=20) as producer:
+            admin.create_topic(topic_name, 3)
+            consumer = start_consumer(broker.address, topic_name, "g", log.listener("c"), "c", retry_timeout=20)
+            try:
+                seqs = send_keyed(producer, topic_name, keys, 20)
+                assert wait_until(lambda: log.has_all(seqs))
+                broker.kill9()
+                time.sleep(0.5)
+                broker.start()
+                seqs = send_keyed(producer, topic_name, keys, 20, seqs)
+                assert wait_until(lambda: log.has_all(seqs), timeout=40)
+                record_property("duplicates", log.check(seqs))
+                assert wait_until(lambda: len(consumer.assignment()) == 3)  # re-locked at new epochs
+            finally:
+                consumer.shutdown()
+    finally:
+        broker.stop()
