@@ -1,0 +1,26 @@
+"""Smoke test of ``make bench ARGS=--quick``: it runs and writes valid JSON (figures are not judged)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+from tests.jobs.cluster import ROOT, spark_env
+
+
+def test_quick_benchmarks_write_valid_json(tmp_path):
+    out = tmp_path / "bench.json"
+    result = subprocess.run([sys.executable, "spark_jobs/bench.py", "--quick", "--out", str(out)], cwd=ROOT,
+                            env=spark_env(tmp_path), capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["mode"] == "quick"
+    workloads = {row["workload"] for row in doc["rows"]}
+    for expected in ("broker ingest, batched (async flush)", "pipelined acked sends, order verified",
+                     "spark source: orderlymq -> noop (AvailableNow)",
+                     "spark sink: benchmem -> orderlymq (exactly once)"):
+        assert expected in workloads
+    for row in doc["rows"]:
+        assert math.isfinite(row["figure"]) and row["figure"] > 0, row
