@@ -133,7 +133,13 @@ class BrokerService(pb_grpc.OrderlyMQServicer):
         return self._send(request)
 
     def SendStream(self, request_iterator, context):
-        for request in request_iterator:
+        for raw in request_iterator:
+            try:
+                request = pb.SendRequest.FromString(raw)
+            except DecodeError:
+                yield pb.SendResponse(error_code=grpc.StatusCode.INVALID_ARGUMENT.value[0],
+                                      error_kind="InvalidRequestError", error_message=_malformed(raw, pb.SendRequest))
+                continue
             try:
                 yield self._send(request)
             except Exception as exc:  # noqa: BLE001 - reported per request, the stream stays open
@@ -326,12 +332,15 @@ def _parsed(method, request_type):
             request = request_type.FromString(raw)
         except DecodeError:
             context.set_trailing_metadata(((ERROR_KIND_KEY, "InvalidRequestError"),))
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"malformed request: {len(raw)} bytes that are not a valid {request_type.DESCRIPTOR.full_name}; "
-                          "use the stubs generated from broker/proto/orderlymq.proto")
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, _malformed(raw, request_type))
         return method(request, context)
 
     return handler
+
+
+def _malformed(raw: bytes, request_type) -> str:
+    return (f"malformed request: {len(raw)} bytes that are not a valid {request_type.DESCRIPTOR.full_name}; "
+            "use the stubs generated from broker/proto/orderlymq.proto")
 
 
 def _service_handler(service: BrokerService) -> grpc.GenericRpcHandler:
@@ -341,8 +350,9 @@ def _service_handler(service: BrokerService) -> grpc.GenericRpcHandler:
         serialize = getattr(pb, method.output_type.name).SerializeToString
         impl = getattr(service, method.name)
         if method.client_streaming:
+            # Requests are parsed one by one in the handler: a malformed one gets an error response.
             handlers[method.name] = grpc.stream_stream_rpc_method_handler(
-                impl, request_deserializer=request_type.FromString, response_serializer=serialize)
+                impl, request_deserializer=None, response_serializer=serialize)
         else:
             handlers[method.name] = grpc.unary_unary_rpc_method_handler(
                 _parsed(impl, request_type), request_deserializer=None, response_serializer=serialize)

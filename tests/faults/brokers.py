@@ -1,0 +1,27 @@
+"""Broker subprocesses with chosen settings, written to a broker.toml next to the data dir."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from broker.config import BrokerConfig
+from broker.launcher import BrokerProcess
+
+__all__ = ["broker_process"]
+
+
+def _toml_value(value) -> str:
+    return f'"{value}"' if isinstance(value, str) else str(value)
+
+
+def broker_process(data_dir: Path, **settings) -> BrokerProcess:
+    """A (not yet started) ``BrokerProcess`` on ``data_dir`` with ``settings`` (``BrokerConfig`` names).
+
+    The settings are checked here, so a typo fails before any process starts.
+    """
+    BrokerConfig.from_mapping(settings)
+    config = data_dir.parent / f"{data_dir.name}.toml"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    lines = ["[broker]"] + [f"{name} = {_toml_value(value)}" for name, value in sorted(settings.items())]
+    config.write_text("\n".join(lines) + "\n")
+    return BrokerProcess(data_dir, "--config", str(config))

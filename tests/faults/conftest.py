@@ -1,0 +1,40 @@
+"""Fixtures of the fault scenarios: the summary recorder and broker subprocesses with settings."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.faults.brokers import broker_process
+from tests.faults.report import SUMMARIES, summarize
+
+
+@pytest.fixture
+def fault_report(tmp_path, tmp_path_factory):
+    """``fault_report(scenario, {label: verdict}, **figures)`` prints and stores a scenario's summary."""
+
+    def report(scenario: str, histories: dict, **figures) -> dict:
+        return summarize(scenario, histories, figures, tmp_path, tmp_path_factory.getbasetemp())
+
+    return report
+
+
+@pytest.fixture
+def broker_proc(tmp_path):
+    """``broker_proc(**settings)`` starts a broker subprocess on a fresh data dir; all are stopped at the end."""
+    started = []
+
+    def start(name: str = "broker", **settings):
+        proc = broker_process(tmp_path / name, **settings).start()
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        proc.kill9()
+
+
+def pytest_terminal_summary(terminalreporter):
+    if SUMMARIES:
+        terminalreporter.section("fault scenarios")
+        for line in SUMMARIES:
+            terminalreporter.write_line(line)

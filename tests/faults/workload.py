@@ -1,0 +1,142 @@
+"""Traffic of the fault scenarios: keyed producers that record every send, and consumers that
+record every delivery, both into a ``History``.
+
+A message's body is ``"<key>:<seq>"``, so a delivery is judged from what was stored, not from
+what the consumer expected to get.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+
+from broker.wire.errors import OrderlyMQError
+from connector.client import ConsumeOrderlyStatus, Message, OrderlyConsumer, Producer
+from tests.faults.history import History
+
+__all__ = [
+    "FAST_BROKER",
+    "FAST_CONSUMER",
+    "KeyedProducer",
+    "body",
+    "parse_body",
+    "recording_listener",
+    "shutdown_all",
+    "start_orderly_group",
+    "wait_for",
+]
+
+# Orderly consumers that rebalance, renew and re-lock within a fraction of a second ...
+FAST_CONSUMER = dict(
+    rebalance_interval=0.3,
+    heartbeat_interval=0.1,
+    lock_interval=0.15,
+    lock_max_live=0.7,
+    unlock_delay=0.1,
+    suspend_ms=50,
+    idle_pull_ms=20,
+    consume_threads=2,
+    retry_timeout=60.0,
+)
+# ... against a broker whose locks and members expire as fast.
+FAST_BROKER = dict(lock_lease_ms=1500, consumer_timeout_ms=1000)
+
+
+def body(key: str, seq: int) -> bytes:
+    return f"{key}:{seq}".encode()
+
+
+def parse_body(raw: bytes) -> tuple[str, int]:
+    key, _, seq = raw.decode().rpartition(":")
+    return key, int(seq)
+
+
+class KeyedProducer(threading.Thread):
+    """Sends ``key:seq`` messages for its keys in turn, at most ``rate`` a second, until stopped
+    (or until ``limit`` messages were sent).
+
+    Sends are asynchronous with at most ``window`` unacknowledged; each send's outcome goes to the
+    history when known (a send that fails, e.g. after the broker stayed down past the producer's
+    retry timeout, is recorded as not acknowledged and the next sequence number is used).
+    """
+
+    def __init__(self, address: str, topic: str, keys: list[str], history: History, *, rate: float,
+                 window: int = 32, retry_timeout: float = 60.0, limit: int | None = None) -> None:
+        super().__init__(name=f"producer-{keys[0]}", daemon=True)
+        self.address, self.topic, self.keys = address, topic, keys
+        self.history = history
+        self.rate, self.window, self.retry_timeout, self.limit = rate, window, retry_timeout, limit
+        self.stop = threading.Event()
+        self.failures: list[str] = []
+
+    def run(self) -> None:
+        pending: deque[tuple[str, int, Future]] = deque()
+        seqs = dict.fromkeys(self.keys, 0)
+        started, sent = time.monotonic(), 0
+        with Producer(self.address, retry_timeout=self.retry_timeout) as producer:
+            while not self.stop.is_set() and (self.limit is None or sent < self.limit):
+                key = self.keys[sent % len(self.keys)]
+                seq = seqs[key]
+                seqs[key] = seq + 1
+                pending.append((key, seq, producer.send_async(self.topic, body(key, seq), key=key)))
+                sent += 1
+                while len(pending) >= self.window:
+                    self._settle(*pending.popleft())
+                ahead = sent / self.rate - (time.monotonic() - started)
+                if ahead > 0:
+                    self.stop.wait(ahead)
+            while pending:
+                self._settle(*pending.popleft())
+
+    def _settle(self, key: str, seq: int, future: Future) -> None:
+        try:
+            future.result(timeout=self.retry_timeout * 3)
+            self.history.sent(key, seq, acked=True)
+        except (OrderlyMQError, TimeoutError) as exc:
+            self.history.sent(key, seq, acked=False)
+            if len(self.failures) < 5:
+                self.failures.append(f"{key}:{seq}: {exc}")
+
+
+def recording_listener(history: History, name: str):
+    """An orderly listener that records each message it is handed, in order."""
+
+    def listen(messages: list[Message], context) -> ConsumeOrderlyStatus:
+        for m in messages:
+            key, seq = parse_body(m.body)
+            history.delivered(key, seq, consumer=name, queue_id=m.queue_id, offset=m.queue_offset)
+        return ConsumeOrderlyStatus.SUCCESS
+
+    return listen
+
+
+def start_orderly_group(address: str, topic: str, group: str, members: int, history: History,
+                        **settings) -> list[OrderlyConsumer]:
+    """``members`` orderly consumers of ``group`` on ``topic``, started, recording into ``history``."""
+    consumers = []
+    for i in range(members):
+        name = f"{group}-c{i}"
+        consumer = OrderlyConsumer(address, group, recording_listener(history, name), client_id=name,
+                                   **(FAST_CONSUMER | settings))
+        consumer.subscribe(topic)
+        consumer.start()
+        consumers.append(consumer)
+    return consumers
+
+
+def wait_for(predicate, timeout: float, interval: float = 0.1) -> bool:
+    """Poll ``predicate`` until it holds or ``timeout`` seconds pass (a liveness bound, not a timing
+    assertion); its last value."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return bool(predicate())
+
+
+def shutdown_all(consumers: list[OrderlyConsumer]) -> None:
+    for consumer in consumers:
+        consumer.shutdown()
