@@ -246,6 +246,11 @@ class BrokerService(pb_grpc.OrderlyMQServicer):
         return pb.HeartbeatResponse()
 
     @_serve
+    def LeaveGroup(self, request, context):
+        self.members.unregister(_require(request.group, "group"), _require(request.client_id, "client_id"))
+        return pb.LeaveGroupResponse()
+
+    @_serve
     def ListConsumers(self, request, context):
         return pb.ListConsumersResponse(client_ids=self.members.consumers(_require(request.group, "group")))
 

@@ -109,6 +109,11 @@ class OrderlyMQStub:
                 request_serializer=broker_dot_proto_dot_orderlymq__pb2.HeartbeatRequest.SerializeToString,
                 response_deserializer=broker_dot_proto_dot_orderlymq__pb2.HeartbeatResponse.FromString,
                 _registered_method=True)
+        self.LeaveGroup = channel.unary_unary(
+                '/orderlymq.v1.OrderlyMQ/LeaveGroup',
+                request_serializer=broker_dot_proto_dot_orderlymq__pb2.LeaveGroupRequest.SerializeToString,
+                response_deserializer=broker_dot_proto_dot_orderlymq__pb2.LeaveGroupResponse.FromString,
+                _registered_method=True)
         self.ListConsumers = channel.unary_unary(
                 '/orderlymq.v1.OrderlyMQ/ListConsumers',
                 request_serializer=broker_dot_proto_dot_orderlymq__pb2.ListConsumersRequest.SerializeToString,
@@ -237,6 +242,13 @@ class OrderlyMQServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def LeaveGroup(self, request, context):
+        """a clean shutdown: rebalance now
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListConsumers(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -345,6 +357,11 @@ def add_OrderlyMQServicer_to_server(servicer, server):
                     servicer.Heartbeat,
                     request_deserializer=broker_dot_proto_dot_orderlymq__pb2.HeartbeatRequest.FromString,
                     response_serializer=broker_dot_proto_dot_orderlymq__pb2.HeartbeatResponse.SerializeToString,
+            ),
+            'LeaveGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.LeaveGroup,
+                    request_deserializer=broker_dot_proto_dot_orderlymq__pb2.LeaveGroupRequest.FromString,
+                    response_serializer=broker_dot_proto_dot_orderlymq__pb2.LeaveGroupResponse.SerializeToString,
             ),
             'ListConsumers': grpc.unary_unary_rpc_method_handler(
                     servicer.ListConsumers,
@@ -777,6 +794,33 @@ class OrderlyMQ:
             '/orderlymq.v1.OrderlyMQ/Heartbeat',
             broker_dot_proto_dot_orderlymq__pb2.HeartbeatRequest.SerializeToString,
             broker_dot_proto_dot_orderlymq__pb2.HeartbeatResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LeaveGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/orderlymq.v1.OrderlyMQ/LeaveGroup',
+            broker_dot_proto_dot_orderlymq__pb2.LeaveGroupRequest.SerializeToString,
+            broker_dot_proto_dot_orderlymq__pb2.LeaveGroupResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -102,7 +102,7 @@ class BrokerConnection:
                     raise error from None
                 if time.monotonic() + delay > deadline:
                     raise BrokerUnavailableError(
-                        f"broker {self.address} unavailable for {self.retry_timeout:.0f}s "
+                        f"broker {self.address} unavailable for {self.retry_timeout:g}s "
                         f"(last error: {error}); is it running? start one with `orderlymq-broker`"
                     ) from None
                 self._fail_over()

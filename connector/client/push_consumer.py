@@ -228,7 +228,17 @@ class PushConsumer(abc.ABC):
             log.error("consumer %s could not save its offsets: %s", self.client_id, exc)
         if self._producer is not None:
             self._producer.close()
+        self._leave_group()
         self.connection.close()
+
+    def _leave_group(self) -> None:
+        # Members that leave cleanly are dropped at once, so the others rebalance now rather than
+        # after the broker's heartbeat timeout.
+        try:
+            self.connection.call("LeaveGroup", pb.LeaveGroupRequest(group=self.group, client_id=self.client_id),
+                                 retry=False)
+        except OrderlyMQError as exc:
+            log.warning("consumer %s could not leave group %s: %s", self.client_id, self.group, exc)
 
     @abc.abstractmethod
     def _release_all(self, pqs: list[ProcessQueue]) -> None:

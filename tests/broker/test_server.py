@@ -204,6 +204,8 @@ def test_membership(conn, topic_name):
     for client in ("c2", "c1"):
         conn.call("Heartbeat", pb.HeartbeatRequest(group="g", client_id=client, topics=[topic_name]))
     assert list(conn.call("ListConsumers", pb.ListConsumersRequest(group="g")).client_ids) == ["c1", "c2"]
+    conn.call("LeaveGroup", pb.LeaveGroupRequest(group="g", client_id="c1"))
+    assert list(conn.call("ListConsumers", pb.ListConsumersRequest(group="g")).client_ids) == ["c2"]
 
 
 def test_transactions_visibility_order_idempotence_abort(conn, topic_name):
