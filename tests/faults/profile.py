@@ -28,6 +28,8 @@ class FaultProfile:
         Traffic between two kills.
     producers, keys_per_producer : int
         Producer threads, and the sharding keys each of them owns.
+    send_rate : int
+        Messages per second of each producer thread at most.
     consumers : int
         Members of the orderly consumer group.
     fenced_messages : int
@@ -49,6 +51,7 @@ class FaultProfile:
     cycle_seconds: float
     producers: int
     keys_per_producer: int
+    send_rate: int
     consumers: int
     fenced_messages: int
     spark_keys: int
@@ -66,6 +69,7 @@ SHORT = FaultProfile(
     cycle_seconds=1.0,
     producers=3,
     keys_per_producer=4,
+    send_rate=150,
     consumers=2,
     fenced_messages=240,
     spark_keys=40,
@@ -83,6 +87,7 @@ LONG = FaultProfile(
     cycle_seconds=3.0,
     producers=4,
     keys_per_producer=8,
+    send_rate=200,
     consumers=3,
     fenced_messages=2_000,
     spark_keys=200,

@@ -14,17 +14,21 @@ from concurrent.futures import Future
 
 from broker.wire.errors import OrderlyMQError
 from connector.client import ConsumeOrderlyStatus, Message, OrderlyConsumer, Producer
-from tests.faults.history import History
+from connector.client.connection import BrokerConnection, pb
+from tests.faults.history import Delivery, History
+from tests.support import pull_all
 
 __all__ = [
     "FAST_BROKER",
     "FAST_CONSUMER",
     "KeyedProducer",
     "body",
+    "committed_offsets",
     "parse_body",
     "recording_listener",
     "shutdown_all",
     "start_orderly_group",
+    "stored_deliveries",
     "wait_for",
 ]
 
@@ -70,6 +74,7 @@ class KeyedProducer(threading.Thread):
         self.rate, self.window, self.retry_timeout, self.limit = rate, window, retry_timeout, limit
         self.stop = threading.Event()
         self.failures: list[str] = []
+        self.ack_times: list[float] = []  # wall clock of each acknowledgement
 
     def run(self) -> None:
         pending: deque[tuple[str, int, Future]] = deque()
@@ -80,7 +85,9 @@ class KeyedProducer(threading.Thread):
                 key = self.keys[sent % len(self.keys)]
                 seq = seqs[key]
                 seqs[key] = seq + 1
-                pending.append((key, seq, producer.send_async(self.topic, body(key, seq), key=key)))
+                future = producer.send_async(self.topic, body(key, seq), key=key)
+                future.add_done_callback(self._note_ack)
+                pending.append((key, seq, future))
                 sent += 1
                 while len(pending) >= self.window:
                     self._settle(*pending.popleft())
@@ -89,6 +96,10 @@ class KeyedProducer(threading.Thread):
                     self.stop.wait(ahead)
             while pending:
                 self._settle(*pending.popleft())
+
+    def _note_ack(self, future: Future) -> None:
+        if not future.cancelled() and future.exception() is None:
+            self.ack_times.append(time.time())
 
     def _settle(self, key: str, seq: int, future: Future) -> None:
         try:
@@ -140,3 +151,22 @@ def wait_for(predicate, timeout: float, interval: float = 0.1) -> bool:
 def shutdown_all(consumers: list[OrderlyConsumer]) -> None:
     for consumer in consumers:
         consumer.shutdown()
+
+
+def stored_deliveries(conn: BrokerConnection, topic: str) -> list[Delivery]:
+    """Every message stored in ``topic``, queue by queue in offset order, as deliveries."""
+    count = conn.call("DescribeTopic", pb.DescribeTopicRequest(topic=topic)).queue_count
+    out = []
+    for queue_id in range(count):
+        table = pull_all(conn, topic, queue_id)
+        for raw, offset in zip(table.column("body").to_pylist(), table.column("queue_offset").to_pylist(),
+                               strict=True):
+            key, seq = parse_body(raw)
+            out.append(Delivery(key, seq, consumer="log", queue_id=queue_id, offset=offset))
+    return out
+
+
+def committed_offsets(conn: BrokerConnection, group: str, topic: str, queues: int) -> dict[int, int]:
+    """The group's committed offset of each queue (-1: none yet)."""
+    return {q: conn.call("GetOffset", pb.GetOffsetRequest(group=group, topic=topic, queue_id=q)).offset
+            for q in range(queues)}
