@@ -90,7 +90,8 @@ def resolve_positions(
             committed = conn.call("GetOffset", pb.GetOffsetRequest(group=group, topic=topic, queue_id=queue_id)).offset
             out[ref] = low if committed < 0 else _in_range(committed, low, high, ref, option, fail_on_data_loss)
         else:
-            wanted = spec.offsets[topic].get(queue_id, EARLIEST)
+            # A queue left out of the JSON: from the earliest offset, or to the latest one.
+            wanted = spec.offsets[topic].get(queue_id, LATEST if option == "endingOffsets" else EARLIEST)
             if wanted == EARLIEST:
                 out[ref] = low
             elif wanted == LATEST:

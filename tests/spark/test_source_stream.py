@@ -62,7 +62,18 @@ def held_locks(conn, group, topic):
     return [lock.client_id for lock in locks if lock.client_id]
 
 
-def test_stream_reads_events_produced_while_running_in_order(ospark, broker, conn, topic_name, tmp_path):
+@pytest.fixture
+def leased(broker_factory):
+    """A broker with a short lock lease: a lock not released on stop expires within seconds."""
+    from connector.client.connection import BrokerConnection
+
+    running = broker_factory(lock_lease_ms=3000)
+    with BrokerConnection(running.address, retry_timeout=5) as connection:
+        yield running, connection
+
+
+def test_stream_reads_events_produced_while_running_in_order(ospark, leased, topic_name, tmp_path):
+    broker, conn = leased
     create_topic(conn, topic_name, 3)
     collector = Collector()
     df = stream(ospark, broker, topic_name, "g1")
@@ -90,8 +101,8 @@ def test_stream_reads_events_produced_while_running_in_order(ospark, broker, con
     finally:
         query.stop()
     assert query.exception() is None
-    # stop() releases the locks (they would otherwise stay held until their lease ran out).
-    wait_for(lambda: not held_locks(conn, "g1", topic_name), timeout=20)
+    # The locks do not outlive the query: released by stop(), or else expired with their lease.
+    wait_for(lambda: not held_locks(conn, "g1", topic_name), timeout=30)
 
 
 def test_restart_from_checkpoint_neither_loses_nor_duplicates(ospark, broker, conn, topic_name, tmp_path):
@@ -112,7 +123,8 @@ def test_restart_from_checkpoint_neither_loses_nor_duplicates(ospark, broker, co
     assert committed(conn, "g2", topic_name) == end_positions(q2)
 
 
-def test_second_query_of_the_group_is_refused_until_the_first_stops(ospark, broker, conn, topic_name, tmp_path):
+def test_second_query_of_the_group_is_refused_until_the_first_stops(ospark, leased, topic_name, tmp_path):
+    broker, conn = leased
     create_topic(conn, topic_name, 2)
     produce(conn, topic_name, 2, keyed_events(3, 2))
     holder = Collector()
@@ -125,7 +137,7 @@ def test_second_query_of_the_group_is_refused_until_the_first_stops(ospark, brok
     )
     try:
         wait_for(lambda: len(holder.rows()) >= 6 or first.exception())
-        holder_id = json.loads(first.lastProgress["sources"][0]["endOffset"])["clientId"]
+        holder_id = wait_for(lambda: held_locks(conn, "g3", topic_name))[0]
         rival = stream(ospark, broker, topic_name, "g3", lockTimeoutMs=300)
         query = rival.writeStream.foreachBatch(Collector()).option("checkpointLocation", str(tmp_path / "b"))
         query = query.trigger(availableNow=True).start()
@@ -136,7 +148,7 @@ def test_second_query_of_the_group_is_refused_until_the_first_stops(ospark, brok
         first.stop()
     assert first.exception() is None
     late = Collector()
-    run_available_now(stream(ospark, broker, topic_name, "g3", lockTimeoutMs=300), tmp_path / "c", late)
+    run_available_now(stream(ospark, broker, topic_name, "g3", lockTimeoutMs=30000), tmp_path / "c", late)
     assert late.rows() == []  # it starts from the offsets the first query committed
 
 
