@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from tests.faults.fault_profile import PROFILE
 from tests.faults.history import Verdict
-from tests.faults.profile import PROFILE
 
 __all__ = ["SUMMARIES", "summarize"]
 

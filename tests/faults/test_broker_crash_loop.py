@@ -21,8 +21,8 @@ from bisect import bisect_left, bisect_right
 
 from connector.client import Admin
 from connector.client.connection import BrokerConnection
+from tests.faults.fault_profile import PROFILE
 from tests.faults.history import History, check
-from tests.faults.profile import PROFILE
 from tests.faults.workload import (
     FAST_BROKER,
     KeyedProducer,

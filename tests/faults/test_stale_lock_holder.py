@@ -20,8 +20,8 @@ from pathlib import Path
 
 from connector.client import Admin
 from connector.client.connection import BrokerConnection, pb
+from tests.faults.fault_profile import PROFILE
 from tests.faults.history import Delivery, History, check
-from tests.faults.profile import PROFILE
 from tests.faults.workload import body, committed_offsets, wait_for
 from tests.support import send_rows
 

@@ -1,0 +1,140 @@
+"""Scenario 4: a Spark streaming pipeline (orderlymq -> UDF -> orderlymq, exactly once) on a real
+standalone cluster, through three failures: a task attempt that fails once (the UDF raises), the
+executor JVM killed with SIGKILL, and the driver killed with SIGKILL and started again from its
+checkpoint. The output topic must hold every input message once, each key in order."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from broker.wire.errors import TopicNotFoundError
+from connector.client import Admin, Producer
+from connector.client.connection import BrokerConnection, pb
+from connector.spark.transactions import SINK_LOG_TOPIC
+from tests.faults.fault_profile import PROFILE
+from tests.faults.history import History, check
+from tests.faults.workload import body, committed_offsets, stored_deliveries, wait_for
+from tests.jobs.cluster import ROOT, SPARK_HOME, StandaloneCluster
+from tests.support import pull_all
+
+SOURCE, SINK, GROUP, QUEUES = "account-events", "account-notices", "notifier", 4
+JOB = Path(__file__).with_name("spark_pipeline.py")
+pytestmark = pytest.mark.spark
+
+
+def produce(address: str, history: History, seqs: dict[str, int], count: int) -> None:
+    """``count`` more messages, keys ``acct-<n>`` in turn, routed by key."""
+    keys = [f"acct-{k}" for k in range(PROFILE.spark_keys)]
+    rows = []
+    for i in range(count):
+        key = keys[i % len(keys)]
+        seq = seqs.get(key, 0)
+        seqs[key] = seq + 1
+        rows.append({"key": key, "body": body(key, seq)})
+    with Producer(address) as producer:
+        producer.send_batch(SOURCE, rows)
+    for row in rows:
+        key, _, seq = row["body"].decode().rpartition(":")
+        history.sent(key, int(seq), acked=True)
+
+
+def visible(conn: BrokerConnection, topic: str) -> int:
+    """Messages visible in ``topic`` (committed sink transactions only)."""
+    return sum(conn.call("QueryOffsets", pb.QueryOffsetsRequest(topic=topic, queue_id=q)).max_offset
+               for q in range(QUEUES))
+
+
+def submit(cluster: StandaloneCluster, tmp: Path, name: str, *args: str) -> subprocess.Popen:
+    """spark-submit the pipeline in its own process group (so the whole driver can be killed)."""
+    cmd = [str(SPARK_HOME / "bin" / "spark-submit"), "--master", cluster.master_url,
+           "--conf", "spark.executor.memory=1g", "--conf", "spark.driver.memory=1g", str(JOB), *args]
+    log = open(tmp / f"{name}.log", "wb")
+    return subprocess.Popen(cmd, env=cluster.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def batch_in_flight(checkpoint: Path) -> int | None:
+    """The micro-batch the checkpoint has planned (offsets log) but not recorded as done (commits log)."""
+    def last(log: str) -> int:
+        return max((int(f.name) for f in (checkpoint / log).glob("[0-9]*")), default=-1)
+
+    planned = last("offsets")
+    return planned if planned > last("commits") else None
+
+
+def sink_plans(conn: BrokerConnection) -> set[int]:
+    """Batch ids whose commit plan the sink recorded (see connector.spark.transactions)."""
+    try:
+        table = pull_all(conn, SINK_LOG_TOPIC, 0)
+    except TopicNotFoundError:
+        return set()
+    return {json.loads(raw)["batch"] for raw in table.column("body").to_pylist()}
+
+
+def executor_pids(work_dir: Path) -> list[int]:
+    """Executor JVMs launched by this test's worker (their working directory is under its work dir)."""
+    found = subprocess.run(["pgrep", "-f", "CoarseGrainedExecutorBackend"], capture_output=True, text=True)
+    pids = []
+    for pid in map(int, found.stdout.split()):
+        try:
+            if Path(os.readlink(f"/proc/{pid}/cwd")).is_relative_to(work_dir):
+                pids.append(pid)
+        except OSError:
+            continue
+    return pids
+
+
+def test_pipeline_output_is_complete_ordered_and_once_through_task_executor_and_driver_failures(
+        broker_proc, fault_report, tmp_path):
+    proc = broker_proc(flush="sync")
+    with Admin(proc.address) as admin:
+        admin.create_topic(SOURCE, QUEUES)
+        admin.create_topic(SINK, QUEUES)
+    history, seqs = History(), {}
+    first = PROFILE.spark_messages * 2 // 3
+    produce(proc.address, history, seqs, first)
+    marker = tmp_path / "failed-once.json"
+    args = ["--brokers", proc.address, "--source", SOURCE, "--sink", SINK, "--group", GROUP,
+            "--checkpoint", str(tmp_path / "checkpoint"), "--fail-marker", str(marker),
+            "--max-per-trigger", str(PROFILE.spark_max_per_trigger)]
+    conn = BrokerConnection(proc.address, retry_timeout=30)
+    with StandaloneCluster(tmp_path) as cluster:
+        driver = submit(cluster, tmp_path, "driver-1", *args, "--trigger", "interval")
+        try:
+            assert wait_for(lambda: visible(conn, SINK) > 0 or driver.poll() is not None, timeout=300)
+            assert driver.poll() is None, (tmp_path / "driver-1.log").read_text()[-3000:]
+            assert wait_for(lambda: executor_pids(tmp_path / "work"), timeout=60), "an executor runs"
+            executor = executor_pids(tmp_path / "work")[0]
+            at_executor_kill = visible(conn, SINK)
+            os.kill(executor, signal.SIGKILL)
+            # Poll fast: the driver dies right after a batch became visible, likely before Spark
+            # recorded it as done, so the restart replays a batch whose transactions are committed.
+            assert wait_for(lambda: visible(conn, SINK) > at_executor_kill or driver.poll() is not None,
+                            timeout=300, interval=0.01), "the pipeline goes on after losing its executor"
+            assert driver.poll() is None, (tmp_path / "driver-1.log").read_text()[-3000:]
+            at_driver_kill = visible(conn, SINK)
+        finally:
+            if driver.poll() is None:
+                os.killpg(driver.pid, signal.SIGKILL)
+            driver.wait()
+        in_flight = batch_in_flight(tmp_path / "checkpoint")
+        planned = sink_plans(conn)
+        produce(proc.address, history, seqs, PROFILE.spark_messages - first)
+        restarted = submit(cluster, tmp_path, "driver-2", *args, "--trigger", "available-now")
+        assert restarted.wait(timeout=600) == 0, (tmp_path / "driver-2.log").read_text()[-3000:]
+    output = check(history.sends, stored_deliveries(conn, SINK))
+    source_committed = committed_offsets(conn, GROUP, SOURCE, QUEUES)
+    conn.close()
+    fault_report("4 Spark pipeline: task failure, executor kill -9, driver kill -9 + restart", {"output": output},
+                 failed_task=json.loads(marker.read_text()) if marker.exists() else None,
+                 executor_killed=executor, output_at_executor_kill=at_executor_kill,
+                 output_at_driver_kill=at_driver_kill, batch_in_flight_at_driver_kill=in_flight,
+                 its_commit_plan_recorded=in_flight in planned, source_committed=sum(source_committed.values()))
+    assert marker.exists(), "the UDF failed one task attempt"
+    assert output.ok, str(output)
