@@ -50,12 +50,15 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for an unreachable broker")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    topic = commands.add_parser("topic", help="create, list, describe or delete topics")
+    topic = commands.add_parser("topic", help="create, grow, list, describe or delete topics")
     topic_commands = topic.add_subparsers(dest="topic_command", required=True, metavar="ACTION")
     create = topic_commands.add_parser("create", help="create a topic")
     create.add_argument("name")
     create.add_argument("--queues", type=int, required=True, help="number of MessageQueues")
     create.add_argument("--if-not-exists", action="store_true", help="succeed when it already exists")
+    grow = topic_commands.add_parser("grow", help="raise a topic's queue count (stop its producers and sinks first)")
+    grow.add_argument("name")
+    grow.add_argument("--queues", type=int, required=True, help="the new number of MessageQueues (never fewer)")
     topic_commands.add_parser("list", help="list topics")
     describe = topic_commands.add_parser("describe", help="a topic's queues and their offsets")
     describe.add_argument("name")
@@ -102,6 +105,9 @@ def _topic(args, console: Console) -> None:
         if args.topic_command == "create":
             info = admin.create_topic(args.name, args.queues, if_not_exists=args.if_not_exists)
             console.print(f"topic {info.name}: {info.queue_count} queues on {info.broker_name}", markup=False)
+        elif args.topic_command == "grow":
+            info = admin.grow_topic(args.name, args.queues)
+            console.print(f"topic {info.name}: now {info.queue_count} queues", markup=False)
         elif args.topic_command == "list":
             table = Table("topic", "queues", "broker")
             for info in admin.list_topics():

@@ -34,6 +34,10 @@ def test_topic_commands(broker, topic_name):
     assert topic_name in listed.stdout and "3" in listed.stdout
     described = cli(broker, "topic", "describe", topic_name)
     assert described.returncode == 0 and "max offset" in described.stdout
+    grown = cli(broker, "topic", "grow", topic_name, "--queues", "5")
+    assert grown.returncode == 0 and f"topic {topic_name}: now 5 queues" in grown.stdout
+    shrunk = cli(broker, "topic", "grow", topic_name, "--queues", "2")
+    assert shrunk.returncode == 1 and "can only grow" in shrunk.stderr
     assert cli(broker, "topic", "delete", topic_name).returncode == 0
     assert topic_name not in cli(broker, "topic", "list").stdout
 
