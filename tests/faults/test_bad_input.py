@@ -13,10 +13,11 @@ import grpc
 from broker.wire import codec
 from connector.client import Admin
 from connector.client.connection import BrokerConnection, pb
+from tests.client.helpers import wait_until
 from tests.faults.fault_profile import PROFILE
 from tests.faults.fuzz import METHODS, BadRequests, call_once
 from tests.faults.history import History
-from tests.faults.workload import KeyedProducer, shutdown_all, start_orderly_group, wait_for
+from tests.faults.workload import KeyedProducer, shutdown_all, start_orderly_group
 
 GOOD_TOPIC, FUZZ_TOPIC, GROUP = "good-orders", "fuzz-target", "good-group"
 
@@ -57,7 +58,7 @@ def test_bad_requests_at_volume_leave_good_traffic_and_the_broker_intact(broker_
         producing.clear()
         for t in fuzzers:
             t.join()
-        delivered = wait_for(history.delivered_all_acked, timeout=60)
+        delivered = wait_until(history.delivered_all_acked, timeout=60)
     finally:
         shutdown_all(consumers)
     verdict = history.check()

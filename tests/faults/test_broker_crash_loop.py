@@ -21,17 +21,11 @@ from bisect import bisect_left, bisect_right
 
 from connector.client import Admin
 from connector.client.connection import BrokerConnection
+from tests.client.helpers import FAST_BROKER, wait_until
 from tests.faults.fault_profile import PROFILE
 from tests.faults.history import History, check
-from tests.faults.workload import (
-    FAST_BROKER,
-    KeyedProducer,
-    committed_offsets,
-    shutdown_all,
-    start_orderly_group,
-    stored_deliveries,
-    wait_for,
-)
+from tests.faults.workload import KeyedProducer, shutdown_all, start_orderly_group, stored_deliveries
+from tests.spark.helpers import committed
 
 TOPIC, GROUP, QUEUES = "orders", "order-service", 4
 FLUSH_INTERVAL_MS = 500
@@ -55,18 +49,18 @@ def crash_loop(proc, history: History) -> dict:
         with BrokerConnection(proc.address, retry_timeout=60) as conn:
             for _ in range(PROFILE.broker_cycles):
                 time.sleep(PROFILE.cycle_seconds)
-                before = committed_offsets(conn, GROUP, TOPIC, QUEUES)
+                before = committed(conn, GROUP, TOPIC)
                 kills.append(time.time())
                 proc.kill9()
                 proc.start()
-                after = committed_offsets(conn, GROUP, TOPIC, QUEUES)
+                after = committed(conn, GROUP, TOPIC)
                 regressions += [f"queue {q}: {before[q]} -> {after[q]}" for q in range(QUEUES) if after[q] < before[q]]
             time.sleep(PROFILE.cycle_seconds)
         for producer in producers:
             producer.stop.set()
         for producer in producers:
             producer.join()
-        caught_up = wait_for(history.delivered_all_acked, timeout=120)
+        caught_up = wait_until(history.delivered_all_acked, timeout=120)
     finally:
         for producer in producers:
             producer.stop.set()

@@ -17,10 +17,12 @@ from broker.wire.errors import TopicNotFoundError
 from connector.client import Admin, Producer
 from connector.client.connection import BrokerConnection, pb
 from connector.spark.transactions import SINK_LOG_TOPIC
+from tests.client.helpers import wait_until
 from tests.faults.fault_profile import PROFILE
 from tests.faults.history import History, check
-from tests.faults.workload import body, committed_offsets, stored_deliveries, wait_for
+from tests.faults.workload import body, parse_body, stored_deliveries
 from tests.jobs.cluster import ROOT, SPARK_HOME, StandaloneCluster
+from tests.spark.helpers import committed
 from tests.support import pull_all
 
 SOURCE, SINK, GROUP, QUEUES = "account-events", "account-notices", "notifier", 4
@@ -40,8 +42,7 @@ def produce(address: str, history: History, seqs: dict[str, int], count: int) ->
     with Producer(address) as producer:
         producer.send_batch(SOURCE, rows)
     for row in rows:
-        key, _, seq = row["body"].decode().rpartition(":")
-        history.sent(key, int(seq), acked=True)
+        history.sent(*parse_body(row["body"]), acked=True)
 
 
 def visible(conn: BrokerConnection, topic: str) -> int:
@@ -107,15 +108,15 @@ def test_pipeline_output_is_complete_ordered_and_once_through_task_executor_and_
     with StandaloneCluster(tmp_path) as cluster:
         driver = submit(cluster, tmp_path, "driver-1", *args, "--trigger", "interval")
         try:
-            assert wait_for(lambda: visible(conn, SINK) > 0 or driver.poll() is not None, timeout=300)
+            assert wait_until(lambda: visible(conn, SINK) > 0 or driver.poll() is not None, timeout=300)
             assert driver.poll() is None, (tmp_path / "driver-1.log").read_text()[-3000:]
-            assert wait_for(lambda: executor_pids(tmp_path / "work"), timeout=60), "an executor runs"
+            assert wait_until(lambda: executor_pids(tmp_path / "work"), timeout=60), "an executor runs"
             executor = executor_pids(tmp_path / "work")[0]
             at_executor_kill = visible(conn, SINK)
             os.kill(executor, signal.SIGKILL)
             # Poll fast: the driver dies right after a batch became visible, likely before Spark
             # recorded it as done, so the restart replays a batch whose transactions are committed.
-            assert wait_for(lambda: visible(conn, SINK) > at_executor_kill or driver.poll() is not None,
+            assert wait_until(lambda: visible(conn, SINK) > at_executor_kill or driver.poll() is not None,
                             timeout=300, interval=0.01), "the pipeline goes on after losing its executor"
             assert driver.poll() is None, (tmp_path / "driver-1.log").read_text()[-3000:]
             at_driver_kill = visible(conn, SINK)
@@ -129,7 +130,7 @@ def test_pipeline_output_is_complete_ordered_and_once_through_task_executor_and_
         restarted = submit(cluster, tmp_path, "driver-2", *args, "--trigger", "available-now")
         assert restarted.wait(timeout=600) == 0, (tmp_path / "driver-2.log").read_text()[-3000:]
     output = check(history.sends, stored_deliveries(conn, SINK))
-    source_committed = committed_offsets(conn, GROUP, SOURCE, QUEUES)
+    source_committed = committed(conn, GROUP, SOURCE)
     conn.close()
     fault_report("4 Spark pipeline: task failure, executor kill -9, driver kill -9 + restart", {"output": output},
                  failed_task=json.loads(marker.read_text()) if marker.exists() else None,

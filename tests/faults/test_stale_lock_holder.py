@@ -20,9 +20,11 @@ from pathlib import Path
 
 from connector.client import Admin
 from connector.client.connection import BrokerConnection, pb
+from tests.client.helpers import wait_until
 from tests.faults.fault_profile import PROFILE
 from tests.faults.history import Delivery, History, check
-from tests.faults.workload import body, committed_offsets, wait_for
+from tests.faults.workload import body
+from tests.spark.helpers import committed
 from tests.support import send_rows
 
 TOPIC, GROUP, QUEUES, KEYS = "payments", "settlement", 2, 6
@@ -55,7 +57,8 @@ class ConsumerProcess:
         return sum(len(e["messages"]) for e in self.events("delivered"))
 
     def signal(self, sig: int) -> None:
-        os.kill(self.proc.pid, sig)
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, sig)
 
 
 def produce(address: str, history: History) -> None:
@@ -106,19 +109,19 @@ def test_a_frozen_lock_holder_is_fenced_and_the_group_consumes_exactly_once(brok
     stale = ConsumerProcess(tmp_path, proc.address, "stale", stop)
     successor = None
     try:
-        assert wait_for(lambda: stale.delivered() >= PROFILE.fenced_messages // 4, timeout=60), "stale consumes"
+        assert wait_until(lambda: stale.delivered() >= PROFILE.fenced_messages // 4, timeout=60), "stale consumes"
         successor = ConsumerProcess(tmp_path, proc.address, "successor", stop)
-        assert wait_for(lambda: successor.events("lock_refused"), timeout=60), "refused while the lease lives"
+        assert wait_until(lambda: successor.events("lock_refused"), timeout=60), "refused while the lease lives"
         frozen_epochs = freeze_while_working(stale)
         frozen_at = len(stale.events())
-        assert wait_for(lambda: len(successor.events("committed")) >= 2, timeout=60), "successor takes over"
+        assert wait_until(lambda: len(successor.events("committed")) >= 2, timeout=60), "successor takes over"
         stale.signal(signal.SIGCONT)
-        assert wait_for(lambda: woke_refused(stale.events()[frozen_at:]), timeout=60), "the stale one is refused"
+        assert wait_until(lambda: woke_refused(stale.events()[frozen_at:]), timeout=60), "the stale one is refused"
         with BrokerConnection(proc.address, retry_timeout=5) as conn:
             ends = {q: conn.call("QueryOffsets", pb.QueryOffsetsRequest(topic=TOPIC, queue_id=q)).max_offset
                     for q in range(QUEUES)}
-            assert wait_for(lambda: committed_offsets(conn, GROUP, TOPIC, QUEUES) == ends, timeout=120)
-            final = committed_offsets(conn, GROUP, TOPIC, QUEUES)
+            assert wait_until(lambda: committed(conn, GROUP, TOPIC) == ends, timeout=120)
+            final = committed(conn, GROUP, TOPIC)
     finally:
         stop.touch()
         for consumer in filter(None, (stale, successor)):
@@ -126,17 +129,17 @@ def test_a_frozen_lock_holder_is_fenced_and_the_group_consumes_exactly_once(brok
             consumer.proc.wait(timeout=30)
     everything = stale.events() + successor.events()
     deliveries = check(history.sends, merged([e for e in everything if e["event"] == "delivered"]))
-    committed = check(history.sends, merged([e for e in everything if e["event"] == "committed"]))
+    effects = check(history.sends, merged([e for e in everything if e["event"] == "committed"]))
     after_wake = stale.events()[frozen_at:]
     successor_epochs = {e["queue"]: e["epoch"] for e in successor.events("locked")}
     stale_work = [e for e in after_wake if e["event"] in ("delivered", "committed")]
-    fault_report("3 stale lock holder (SIGSTOP past the lease)", {"delivered": deliveries, "committed": committed},
+    fault_report("3 stale lock holder (SIGSTOP past the lease)", {"delivered": deliveries, "committed": effects},
                  stale_commits_refused=len(stale.events("commit_fenced")),
                  stale_pulls_refused=len(stale.events("pull_fenced")),
                  stale_locks_refused=sum(e["event"] == "lock_refused" for e in after_wake),
                  stale_deliveries_after_wake=sum(e["event"] == "delivered" for e in after_wake),
                  epochs={"stale when frozen": frozen_epochs, "successor": successor_epochs})
-    assert committed.ok, str(committed)
+    assert effects.ok, str(effects)
     assert deliveries.lost == deliveries.out_of_order == deliveries.unexpected == 0, str(deliveries)
     assert all(e["epoch"] > frozen_epochs[e["queue"]] for e in stale_work), "nothing consumed with a stale epoch"
     assert all(successor_epochs[q] > frozen_epochs[q] for q in successor_epochs)

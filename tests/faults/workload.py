@@ -15,37 +15,23 @@ from concurrent.futures import Future
 from broker.wire.errors import OrderlyMQError
 from connector.client import ConsumeOrderlyStatus, Message, OrderlyConsumer, Producer
 from connector.client.connection import BrokerConnection, pb
+from tests.client.helpers import FAST
 from tests.faults.history import Delivery, History
 from tests.support import pull_all
 
 __all__ = [
-    "FAST_BROKER",
     "FAST_CONSUMER",
     "KeyedProducer",
     "body",
-    "committed_offsets",
     "parse_body",
     "recording_listener",
     "shutdown_all",
     "start_orderly_group",
     "stored_deliveries",
-    "wait_for",
 ]
 
-# Orderly consumers that rebalance, renew and re-lock within a fraction of a second ...
-FAST_CONSUMER = dict(
-    rebalance_interval=0.3,
-    heartbeat_interval=0.1,
-    lock_interval=0.15,
-    lock_max_live=0.7,
-    unlock_delay=0.1,
-    suspend_ms=50,
-    idle_pull_ms=20,
-    consume_threads=2,
-    retry_timeout=60.0,
-)
-# ... against a broker whose locks and members expire as fast.
-FAST_BROKER = dict(lock_lease_ms=1500, consumer_timeout_ms=1000)
+# The client tests' fast orderly consumers, retrying long enough to outlive a broker restart.
+FAST_CONSUMER = FAST | dict(retry_timeout=60.0)
 
 
 def body(key: str, seq: int) -> bytes:
@@ -137,16 +123,6 @@ def start_orderly_group(address: str, topic: str, group: str, members: int, hist
     return consumers
 
 
-def wait_for(predicate, timeout: float, interval: float = 0.1) -> bool:
-    """Poll ``predicate`` until it holds or ``timeout`` seconds pass (a liveness bound, not a timing
-    assertion); its last value."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return bool(predicate())
-
 
 def shutdown_all(consumers: list[OrderlyConsumer]) -> None:
     for consumer in consumers:
@@ -164,9 +140,3 @@ def stored_deliveries(conn: BrokerConnection, topic: str) -> list[Delivery]:
             key, seq = parse_body(raw)
             out.append(Delivery(key, seq, consumer="log", queue_id=queue_id, offset=offset))
     return out
-
-
-def committed_offsets(conn: BrokerConnection, group: str, topic: str, queues: int) -> dict[int, int]:
-    """The group's committed offset of each queue (-1: none yet)."""
-    return {q: conn.call("GetOffset", pb.GetOffsetRequest(group=group, topic=topic, queue_id=q)).offset
-            for q in range(queues)}
