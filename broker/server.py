@@ -27,7 +27,7 @@ from broker.proto import orderlymq_pb2_grpc as pb_grpc
 from broker.storage import Store
 from broker.transactions import TransactionManager
 from broker.wire import codec
-from broker.wire.errors import ERROR_KIND_KEY, InvalidRequestError, OffsetOutOfRangeError, to_status
+from broker.wire.errors import ERROR_KIND_KEY, InvalidRequestError, OffsetOutOfRangeError, status_metadata, to_status
 from broker.wire.tags import parse_tag_expression
 
 __all__ = ["BrokerService", "RunningBroker", "start_broker"]
@@ -43,10 +43,10 @@ def _serve(method):
         try:
             return method(self, request, context)
         except Exception as exc:  # noqa: BLE001 - every failure must become a status
-            code, message, kind = to_status(exc)
+            code, message, _ = to_status(exc)
             if code == grpc.StatusCode.INTERNAL:
                 log.exception("%s failed", method.__name__)
-            context.set_trailing_metadata(((ERROR_KIND_KEY, kind),))
+            context.set_trailing_metadata(status_metadata(exc))
             context.abort(code, message)
 
     return wrapper
@@ -75,8 +75,8 @@ class BrokerService(pb_grpc.OrderlyMQServicer):
         self.members = Membership(timeout_ms=config.consumer_timeout_ms)
         self.txns = TransactionManager(data / "txns", timeout_ms=config.txn_timeout_ms, fsync=config.flush == "sync")
         for report in self.store.cut_reports():
-            log.warning("recovered %s: cut %d damaged bytes at byte %d (%s)", report.path, report.bytes_cut,
-                        report.position, report.reason)
+            log.warning("recovered %s: cut %d damaged bytes at byte %d (%s); messages from offset %d lost",
+                        report.path, report.bytes_cut, report.position, report.reason, report.first_lost_offset)
         for txn_id in self.txns.committing():
             log.info("finishing transaction %s interrupted during commit", txn_id)
             self._apply_commit(txn_id)

@@ -21,7 +21,7 @@ import pyarrow as pa
 from broker.storage.record import frame, parse_header, producer_hash
 from broker.storage.segment import CutReport, Segment
 from broker.wire import codec
-from broker.wire.errors import OffsetOutOfRangeError
+from broker.wire.errors import DamagedRecordError, OffsetOutOfRangeError
 
 __all__ = ["AppendResult", "QueueLog", "ReadResult"]
 
@@ -82,24 +82,28 @@ class QueueLog:
         if not segments:
             return [Segment(self.directory / Segment.file_name(0), 0, self.index_interval_bytes)]
         for i, seg in enumerate(segments):
-            is_last = i == len(segments) - 1
-            if is_last or not seg.load_index():
+            if i == len(segments) - 1 or not seg.load_index():
                 report = seg.recover(verify_crc=True)
                 if report:
-                    self.cut_reports.append(report)
-                    log.warning("recovery cut %d bytes from %s at byte %d: %s", report.bytes_cut,
-                                report.path, report.position, report.reason)
-            if not is_last and seg.next_offset != segments[i + 1].base_offset:
-                # A gap after a damaged closed segment: later segments cannot be trusted in order.
-                for later in segments[i + 1:]:
-                    self.cut_reports.append(CutReport(str(later.path), 0, later.path.stat().st_size,
-                                                      f"follows a damaged segment ending at offset {seg.next_offset}"))
-                    later.delete()
-                segments = segments[: i + 1]
-                break
-        for seg in segments[-2:]:
+                    self._report_cut(report, segments[i + 1].base_offset if i + 1 < len(segments) else -1)
+        kept = [segments[0]]
+        for seg in segments[1:]:
+            if seg.base_offset < kept[-1].next_offset:  # overlaps what precedes it: cannot be placed
+                self._report_cut(CutReport(str(seg.path), 0, seg.path.stat().st_size,
+                                           f"overlaps offsets up to {kept[-1].next_offset - 1}", seg.base_offset), -1)
+                seg.delete()
+                continue
+            kept.append(seg)  # a gap before it (a cut closed segment) stays a hole: reads name it
+        for seg in kept[-2:]:
             self._rebuild_producers(seg)
-        return segments
+        return kept
+
+    def _report_cut(self, report: CutReport, lost_until: int) -> None:
+        self.cut_reports.append(report)
+        lost = f"offsets {report.first_lost_offset}..{lost_until - 1}" if lost_until > 0 else (
+            f"offsets from {report.first_lost_offset}")
+        log.warning("recovery cut %d bytes from %s at byte %d (%s): %s lost", report.bytes_cut, report.path,
+                    report.position, report.reason, lost)
 
     def _rebuild_producers(self, seg: Segment) -> None:
         for phash, seq, header in seg.producer_states():
@@ -220,10 +224,22 @@ class QueueLog:
         count = size = 0
         position = offset
         for seg in segments[start_index:]:
+            if position < seg.base_offset:  # a hole left by recovery: stop before it, or name it
+                if count:
+                    break
+                raise DamagedRecordError(
+                    f"messages {position}..{seg.base_offset - 1} of {self.directory.parent.name}/"
+                    f"{self.directory.name} were cut by recovery after disk damage; pull from offset "
+                    f"{seg.base_offset} to skip them", seg.base_offset)
             for pos, raw, header in seg.headers_from(position):
                 if header.base_offset >= end:
                     break
-                body = seg.read_body(pos, header, raw)
+                try:
+                    body = seg.read_body(pos, header, raw)
+                except DamagedRecordError:
+                    if count:  # serve what precedes the damage; the next pull names it
+                        return ReadResult(batches, position, count)
+                    raise
                 take_from = position - header.base_offset
                 take = min(header.count - take_from, max_messages - count)
                 if take_from or take < header.count:

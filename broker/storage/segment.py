@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from broker.storage.record import HEADER, RecordHeader, parse_header, verify
+from broker.wire.errors import DamagedRecordError
 
 __all__ = ["CutReport", "Segment"]
 
@@ -30,6 +31,7 @@ class CutReport:
     position: int
     bytes_cut: int
     reason: str
+    first_lost_offset: int = -1  # the first offset whose message went with the cut bytes
 
 
 class Segment:
@@ -149,7 +151,7 @@ class Segment:
         os.ftruncate(self.fd, position)
         os.fsync(self.fd)
         self.index_path.unlink(missing_ok=True)
-        return CutReport(str(self.path), position, file_size - position, reason)
+        return CutReport(str(self.path), position, file_size - position, reason, self.next_offset)
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -158,14 +160,20 @@ class Segment:
         count = len(self._index) // 3
         i = self._floor_entry(offset)
         position = self._index[i * 3 + 1] if count else 0
+        expected = self._index[i * 3] if count else self.base_offset
         end = self.size
         while position < end:
             raw = os.pread(self.fd, HEADER.size, position)
             header = parse_header(raw)
             if header is None:
-                raise OSError(f"corrupt record header in {self.path} at byte {position}")
+                raise DamagedRecordError(
+                    f"messages {expected}..{self.next_offset - 1} are damaged on disk (bad record header in "
+                    f"{self.path} at byte {position}); pull from offset {self.next_offset} to skip them",
+                    self.next_offset,
+                )
             if header.next_offset > offset:
                 yield position, raw, header
+            expected = header.next_offset
             position += header.size
 
     def _floor_entry(self, offset: int) -> int:
@@ -182,9 +190,10 @@ class Segment:
     def read_body(self, position: int, header: RecordHeader, raw_header: bytes) -> bytes:
         body = os.pread(self.fd, header.body_len, position + HEADER.size)
         if len(body) != header.body_len or not verify(raw_header, body, header):
-            raise OSError(
-                f"checksum mismatch in {self.path} at byte {position} (offsets {header.base_offset}.."
-                f"{header.next_offset - 1}); restart the broker to cut the damaged record"
+            raise DamagedRecordError(
+                f"messages {header.base_offset}..{header.next_offset - 1} are damaged on disk (checksum "
+                f"mismatch in {self.path} at byte {position}); pull from offset {header.next_offset} to skip them",
+                header.next_offset,
             )
         return body
 

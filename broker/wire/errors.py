@@ -11,6 +11,7 @@
      │    ├── BadTagExpressionError
      │    └── InvalidOptionError        (client-side option validation)
      ├── OffsetOutOfRangeError         OUT_OF_RANGE
+     ├── DamagedRecordError            DATA_LOSS (damaged on disk; ``next_offset`` is readable)
      ├── FencedError                   FAILED_PRECONDITION (stale epoch / not the lock holder)
      ├── LockUnavailableError          ABORTED (client-side: another client holds the lock)
      ├── TransactionError              FAILED_PRECONDITION
@@ -20,8 +21,9 @@
      ├── BrokerUnavailableError (ConnectionError)  UNAVAILABLE / DEADLINE_EXCEEDED
      └── InternalBrokerError           INTERNAL
 
-The broker raises these; ``to_status`` turns one into (code, message, kind) exactly once in the
-server, and ``from_rpc_error`` turns a ``grpc.RpcError`` back into the same class in the client.
+The broker raises these; ``to_status`` turns one into (code, message, kind) and
+``status_metadata`` into the trailing metadata that names it, exactly once in the server;
+``from_rpc_error`` turns a ``grpc.RpcError`` back into the same class in the client.
 """
 
 from __future__ import annotations
@@ -30,9 +32,11 @@ import grpc
 
 __all__ = [
     "ERROR_KIND_KEY",
+    "NEXT_OFFSET_KEY",
     "BadBatchError",
     "BadTagExpressionError",
     "BrokerUnavailableError",
+    "DamagedRecordError",
     "FencedError",
     "InternalBrokerError",
     "InvalidOptionError",
@@ -50,10 +54,12 @@ __all__ = [
     "error_class_for_kind",
     "from_rpc_error",
     "from_status",
+    "status_metadata",
     "to_status",
 ]
 
 ERROR_KIND_KEY = "orderlymq-error"
+NEXT_OFFSET_KEY = "orderlymq-next-offset"
 
 
 class OrderlyMQError(Exception):
@@ -92,6 +98,17 @@ class InvalidOptionError(InvalidRequestError):
 
 class OffsetOutOfRangeError(OrderlyMQError):
     code = grpc.StatusCode.OUT_OF_RANGE
+
+
+class DamagedRecordError(OrderlyMQError):
+    """Messages stored at the asked offset are damaged on disk (a checksum mismatch, or a range
+    recovery had to cut); everything from ``next_offset`` on can still be read."""
+
+    code = grpc.StatusCode.DATA_LOSS
+
+    def __init__(self, message: str, next_offset: int = -1) -> None:
+        super().__init__(message)
+        self.next_offset = next_offset
 
 
 class FencedError(OrderlyMQError):
@@ -157,7 +174,7 @@ _CLASS_FOR_CODE = {
     grpc.StatusCode.INTERNAL: InternalBrokerError,
     grpc.StatusCode.UNKNOWN: InternalBrokerError,
     grpc.StatusCode.UNIMPLEMENTED: InternalBrokerError,
-    grpc.StatusCode.DATA_LOSS: InternalBrokerError,
+    grpc.StatusCode.DATA_LOSS: DamagedRecordError,
     grpc.StatusCode.PERMISSION_DENIED: InternalBrokerError,
     grpc.StatusCode.UNAUTHENTICATED: InternalBrokerError,
 }
@@ -170,13 +187,24 @@ def to_status(exc: BaseException) -> tuple[grpc.StatusCode, str, str]:
     return grpc.StatusCode.INTERNAL, f"internal broker error: {type(exc).__name__}: {exc}", "InternalBrokerError"
 
 
-def from_status(code: grpc.StatusCode, message: str, kind: str = "") -> OrderlyMQError:
+def status_metadata(exc: BaseException) -> tuple[tuple[str, str], ...]:
+    """The trailing metadata that lets the client rebuild ``exc`` precisely."""
+    _, _, kind = to_status(exc)
+    pairs = [(ERROR_KIND_KEY, kind)]
+    if isinstance(exc, DamagedRecordError) and exc.next_offset >= 0:
+        pairs.append((NEXT_OFFSET_KEY, str(exc.next_offset)))
+    return tuple(pairs)
+
+
+def from_status(code: grpc.StatusCode, message: str, kind: str = "", next_offset: int = -1) -> OrderlyMQError:
     """The error a client raises for a failed call: the precise class when the broker named it."""
     cls = error_class_for_kind(kind) if kind else None
     if cls is None:
         cls = _CLASS_FOR_CODE.get(code, InternalBrokerError)
     if cls is BrokerUnavailableError and not message:
         message = "broker unavailable"
+    if issubclass(cls, DamagedRecordError):
+        return cls(message, next_offset)
     return cls(message)
 
 
@@ -184,13 +212,13 @@ def from_rpc_error(err: grpc.RpcError) -> OrderlyMQError:
     """Translate a ``grpc.RpcError`` (the only place the client does so)."""
     code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
     message = err.details() if hasattr(err, "details") else str(err)
-    kind = ""
+    metadata: dict[str, str] = {}
     try:
-        for key, value in err.trailing_metadata() or ():
-            if key == ERROR_KIND_KEY:
-                kind = value
+        metadata = {key: value for key, value in err.trailing_metadata() or ()}
     except Exception:  # noqa: BLE001 - some RpcErrors (e.g. channel failures) carry no metadata
-        kind = ""
+        metadata = {}
+    kind = metadata.get(ERROR_KIND_KEY, "")
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) and not kind:
         message = f"broker unavailable ({code.name}): {message}"
-    return from_status(code, message or "", kind)
+    next_offset = metadata.get(NEXT_OFFSET_KEY, "")
+    return from_status(code, message or "", kind, int(next_offset) if next_offset.isdigit() else -1)

@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 from pyspark.sql.datasource import InputPartition
 
 from broker.wire import codec
-from broker.wire.errors import FencedError, OffsetOutOfRangeError
+from broker.wire.errors import DamagedRecordError, FencedError, OffsetOutOfRangeError
 from connector.client.connection import BrokerConnection, pb
 from connector.spark.locks import lock_queues
 from connector.spark.options import SourceOptions
@@ -33,7 +33,7 @@ _STALL_SLEEP_S = 0.05
 
 
 class DataLossError(OffsetOutOfRangeError):
-    """Messages a micro-batch must read are gone (retention removed them)."""
+    """Messages a micro-batch must read are gone (retention removed them, or they are damaged on disk)."""
 
 
 @dataclass(frozen=True)
@@ -84,6 +84,9 @@ def _pull_range(
         except OffsetOutOfRangeError:
             offset = _skip_lost(conn, options, part, offset)
             continue
+        except DamagedRecordError as exc:
+            offset = _skip_damaged(options, part, offset, exc)
+            continue
         except FencedError as exc:
             raise FencedError(
                 f"queue {part.topic}/{part.queue_id}: client {client_id!r} lost its lock while reading "
@@ -110,6 +113,18 @@ def _pull_range(
                 f"{options.poll_timeout_ms} ms (option pollTimeoutMs)"
             )
         time.sleep(_STALL_SLEEP_S)
+
+
+def _skip_damaged(options: SourceOptions, part: QueuePartition, offset: int, exc: DamagedRecordError) -> int:
+    """Where to go on after messages the broker reports damaged on disk (``failOnDataLoss``)."""
+    if options.fail_on_data_loss or exc.next_offset <= offset:
+        raise DataLossError(
+            f"queue {part.topic}/{part.queue_id}: {exc}. Set failOnDataLoss=false to skip damaged messages "
+            "with a warning"
+        ) from None
+    log.warning("queue %s/%d: skipping damaged offsets %d..%d (failOnDataLoss=false): %s", part.topic,
+                part.queue_id, offset, exc.next_offset - 1, exc)
+    return min(exc.next_offset, part.end)
 
 
 def _skip_lost(conn: BrokerConnection, options: SourceOptions, part: QueuePartition, offset: int) -> int:

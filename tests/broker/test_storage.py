@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import os
+
 import pyarrow as pa
 import pytest
 
 from broker.storage import QueueLog, Store
 from broker.wire import codec
-from broker.wire.errors import OffsetOutOfRangeError, QueueOutOfRangeError, TopicExistsError, TopicNotFoundError
+from broker.wire.errors import (
+    DamagedRecordError,
+    OffsetOutOfRangeError,
+    QueueOutOfRangeError,
+    TopicExistsError,
+    TopicNotFoundError,
+)
 
 
 class FakeClock:
@@ -172,3 +180,52 @@ def test_store_topics_persist_and_errors_name_the_problem(tmp_path):
     assert not (tmp_path / "topics" / "orders").exists()
 
 
+
+
+def closed_segment_record(q: QueueLog):
+    """(segment, position, header) of the middle record of the first closed segment."""
+    seg = q.segments[0]
+    records = list(seg.headers_from(seg.base_offset))
+    return seg, records[len(records) // 2]
+
+
+def test_damage_in_a_closed_segment_is_named_on_read_and_can_be_skipped(tmp_path):
+    q = make_log(tmp_path, segment_bytes=16384)
+    for i in range(60):
+        q.append(batch(i, 1))
+    seg, (position, _, header) = closed_segment_record(q)
+    q.close()
+    with open(seg.path, "r+b") as f:
+        f.seek(position + header.size - 5)
+        byte = f.read(1)
+        f.seek(position + header.size - 5)
+        f.write(bytes([byte[0] ^ 0x01]))
+    q2 = make_log(tmp_path, segment_bytes=16384)
+    assert q2.max_offset == 60, "a closed segment is not rescanned on start: nothing is cut"
+    served = q2.read(0, 1000, 1 << 30)
+    assert served.next_offset == header.base_offset, "what precedes the damage is served first"
+    with pytest.raises(DamagedRecordError, match=f"pull from offset {header.next_offset}") as info:
+        q2.read(header.base_offset, 1000, 1 << 30)
+    assert info.value.next_offset == header.next_offset
+    rest = read_all(q2, header.next_offset)
+    assert rest.column("queue_offset").to_pylist() == list(range(header.next_offset, 60))
+
+
+def test_a_closed_segment_cut_short_leaves_a_hole_and_keeps_later_segments(tmp_path):
+    q = make_log(tmp_path, segment_bytes=16384)
+    for i in range(60):
+        q.append(batch(i, 1))
+    seg, (position, _, header) = closed_segment_record(q)
+    next_base = q.segments[1].base_offset
+    q.close()
+    os.truncate(seg.path, position + 10)  # cut inside a record header
+    q2 = make_log(tmp_path, segment_bytes=16384)
+    assert [r.first_lost_offset for r in q2.cut_reports] == [header.base_offset]
+    assert q2.max_offset == 60 and len(q2.segments) == len(q.segments), "later segments are kept"
+    served = codec.decode_many(q2.read(0, 1000, 1 << 30).batches)
+    assert served.column("queue_offset").to_pylist() == list(range(header.base_offset))
+    with pytest.raises(DamagedRecordError, match="cut by recovery") as info:
+        q2.read(header.base_offset, 10, 1 << 30)
+    assert info.value.next_offset == next_base
+    assert read_all(q2, next_base).column("queue_offset").to_pylist() == list(range(next_base, 60))
+    assert q2.append(batch(60, 1)).base_offset == 60

@@ -1,7 +1,9 @@
 """Scenario 5: disk trouble. While the broker is down (after ``kill -9``), segments of four queues
 are damaged in four ways and a fifth queue is left alone. On restart the broker must come up,
 report exactly which bytes of which file it cut and why, and serve every message it kept, in
-order and once; the messages lost are exactly those the damage took."""
+order and once; the messages lost are exactly those the damage took. Damage it cannot cut (a
+closed segment) is named on read with the offset to continue from, and intact later segments
+are kept."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import re
 from pathlib import Path
 
 from broker.wire import codec
-from broker.wire.errors import OrderlyMQError
+from broker.wire.errors import DamagedRecordError
 from connector.client.connection import BrokerConnection, pb
 from tests.faults.disk import Damage, Record, flip_bit, records, segments, truncate
 from tests.faults.fault_profile import PROFILE
@@ -49,31 +51,33 @@ def middle(segment: Path) -> Record:
     return found[len(found) // 2]
 
 
-def expected_cuts(damaged: dict[int, Damage], data: Path) -> set[tuple[str, int, int]]:
-    """(file, byte, bytes cut) the broker must report: each damaged tail, and for the closed
-    segment cut short every later segment of its queue, whole."""
-    cuts = {(str(d.path), d.position, d.size_after_damage - d.position) for q, d in damaged.items() if q != 3}
-    later = [s for s in segments(data / "topics" / TOPIC / "2") if s.name > damaged[2].path.name]
-    return cuts | {(str(s), 0, s.stat().st_size) for s in later}
+def expected_cuts(damaged: dict[int, Damage]) -> set[tuple[str, int, int]]:
+    """(file, byte, bytes cut) the broker must report: each damaged tail it can see on start (the
+    active segments, and the closed segment cut short); later segments stay whole."""
+    return {(str(d.path), d.position, d.size_after_damage - d.position) for q, d in damaged.items() if q != 3}
+
+
+def segment_end_offset(data: Path, queue_id: int, damaged: Damage) -> int:
+    """The first offset of the segment after ``damaged``'s (where reading resumes after a hole)."""
+    later = [s for s in segments(data / "topics" / TOPIC / str(queue_id)) if s.name > damaged.path.name]
+    return int(later[0].stem) if later else PROFILE.disk_messages
 
 
 def read_back(conn: BrokerConnection, history: History) -> dict[int, list[str]]:
-    """Deliver every readable message of every queue; a record that cannot be read is skipped
-    (a consumer seeks past it) and its error kept. Returns the errors per queue."""
+    """Deliver every readable message of every queue; damaged messages are skipped from the
+    offset the error names, as a consumer would. Returns the errors per queue."""
     errors: dict[int, list[str]] = {q: [] for q in range(QUEUES)}
     for queue_id in range(QUEUES):
-        offset, batch = 0, 16
+        offset = 0
         while True:
-            request = pb.PullRequest(topic=TOPIC, queue_id=queue_id, offset=offset, max_messages=batch)
+            request = pb.PullRequest(topic=TOPIC, queue_id=queue_id, offset=offset, max_messages=16)
             try:
                 response = conn.call("Pull", request, retry=False)
-            except OrderlyMQError as exc:
-                if batch == 1:  # this very message cannot be read: skip it
-                    errors[queue_id].append(f"offset {offset}: {exc}")
-                    offset += 1
-                batch = 1
+            except DamagedRecordError as exc:
+                errors[queue_id].append(f"offset {offset}: {exc}")
+                assert exc.next_offset > offset, "the error names where to continue"
+                offset = exc.next_offset
                 continue
-            batch = 16
             table = codec.decode_many(response.batches)
             for raw, at in zip(table.column("body").to_pylist(), table.column("queue_offset").to_pylist(),
                                strict=True):
@@ -94,7 +98,8 @@ def test_damaged_segments_are_cut_exactly_reported_and_the_rest_served(broker_pr
         fill(conn, history)
     proc.kill9()
     damaged = damage(data)
-    cuts_expected = expected_cuts(damaged, data)
+    cuts_expected = expected_cuts(damaged)
+    hole_end = segment_end_offset(data, 2, damaged[2])
 
     proc.start()
     reported = {(m[0], int(m[2]), int(m[1])): m[3] for m in CUT_LINE.findall(proc.log_text())}
@@ -105,10 +110,12 @@ def test_damaged_segments_are_cut_exactly_reported_and_the_rest_served(broker_pr
         appended = {q: send_rows(conn, TOPIC, q, [{"key": "after", "body": b"after:0"}]).base_offset
                     for q in range(QUEUES)}
     verdict = history.check()
+    lost_until = {0: PROFILE.disk_messages, 1: PROFILE.disk_messages, 2: hole_end,
+                  3: damaged[3].first_lost_offset + 1}
     lost_expected = sorted(
         (f"q{q}-k{i % KEYS_PER_QUEUE}", i // KEYS_PER_QUEUE)
         for q, d in damaged.items()
-        for i in range(d.first_lost_offset, PROFILE.disk_messages if q != 3 else d.first_lost_offset + 1)
+        for i in range(d.first_lost_offset, lost_until[q])
     )
     fault_report("5 disk damage", {"log after restart": verdict}, damaged_queues=len(damaged),
                  cuts_reported=len(reported), cut_bytes=sum(c[2] for c in reported),
@@ -123,11 +130,15 @@ def test_damaged_segments_are_cut_exactly_reported_and_the_rest_served(broker_pr
     assert verdict.lost_messages == lost_expected
     assert (verdict.duplicated, verdict.out_of_order, verdict.unexpected) == (0, 0, 0), str(verdict)
     assert ends == {0: damaged[0].first_lost_offset, 1: damaged[1].first_lost_offset,
-                    2: damaged[2].first_lost_offset, 3: PROFILE.disk_messages, 4: PROFILE.disk_messages}
+                    2: PROFILE.disk_messages, 3: PROFILE.disk_messages, 4: PROFILE.disk_messages}
     assert appended == ends, "appends go on right after what was kept"
+    # The closed segment cut short leaves a hole up to the next (intact) segment, named on read.
+    lost2 = damaged[2].first_lost_offset
+    assert errors[2] == [errors[2][0]] and errors[2][0].startswith(f"offset {lost2}:")
+    assert f"messages {lost2}..{hole_end - 1}" in errors[2][0] and f"pull from offset {hole_end}" in errors[2][0]
     # A bit flipped in a closed segment is not seen on start (only the tail is scanned); the
-    # damaged record is refused by its checksum on read, naming its offsets, and the rest is served.
+    # damaged record is refused by its checksum on read, naming its offsets and where to continue.
     offset = damaged[3].first_lost_offset
     assert [e.split(":")[0] for e in errors[3]] == [f"offset {offset}"]
-    assert f"offsets {offset}..{offset}" in errors[3][0]
-    assert not any(errors[q] for q in (0, 1, 2, 4))
+    assert f"messages {offset}..{offset}" in errors[3][0] and f"pull from offset {offset + 1}" in errors[3][0]
+    assert not any(errors[q] for q in (0, 1, 4))

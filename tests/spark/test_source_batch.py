@@ -102,3 +102,24 @@ def test_bad_input_errors_name_the_option(ospark, broker, conn, topic_name):
         read(ospark, broker.address, topic_name, startingOffsets="{oops").collect()
     with pytest.raises(Exception, match=r"unknown option 'colour'"):
         read(ospark, broker.address, topic_name, colour="blue").collect()
+
+
+def test_damaged_messages_fail_the_read_or_are_skipped(ospark, broker_factory, topic_name, tmp_path):
+    from connector.client.connection import BrokerConnection
+    from tests.faults.disk import flip_bit, records, segments
+
+    data = tmp_path / "damaged"
+    broker = broker_factory(data_dir=data, segment_bytes=4096)
+    with BrokerConnection(broker.address) as conn:
+        create_topic(conn, topic_name, 1)
+        for start in range(12):
+            produce(conn, topic_name, 1, keyed_events(1, 1, start=start))
+    broker.stop()
+    damaged = records(segments(data / "topics" / topic_name / "0")[0])[1]  # inside a closed segment
+    flip_bit(damaged, damaged.size - 5)
+    broker = broker_factory(data_dir=data, segment_bytes=4096)
+    with pytest.raises(Exception, match=r"damaged on disk.*failOnDataLoss=false"):
+        read(ospark, broker.address, topic_name).collect()
+    rows = read(ospark, broker.address, topic_name, failOnDataLoss="false").collect()
+    lost = set(range(damaged.base_offset, damaged.base_offset + damaged.count))
+    assert [r["queue_offset"] for r in rows] == [o for o in range(12) if o not in lost]
