@@ -9,6 +9,19 @@ from broker.wire import codec
 from connector.client.connection import BrokerConnection, pb
 
 
+class FakeClock:
+    """An injectable millisecond clock that moves only when a test sets ``now``."""
+
+    def __init__(self, now: int = 1_000_000) -> None:
+        self.now = now
+
+    def __call__(self) -> int:
+        return self.now
+
+    def advance(self, ms: int) -> None:
+        self.now += ms
+
+
 def send_rows(conn: BrokerConnection, topic: str, queue_id: int, rows: list[dict], **fields) -> pb.SendResponse:
     """Send message dicts as one batch with a raw Send RPC."""
     batch = codec.encode(codec.messages_to_batch(rows))

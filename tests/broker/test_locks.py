@@ -8,19 +8,9 @@ import pytest
 
 from broker.locks import LockInfo, LockManager
 from broker.wire.errors import FencedError, InvalidRequestError
+from tests.support import FakeClock
 
 LEASE = 1_000
-
-
-class FakeClock:
-    def __init__(self, now: int = 1_000_000):
-        self.now = now
-
-    def __call__(self) -> int:
-        return self.now
-
-    def advance(self, ms: int) -> None:
-        self.now += ms
 
 
 @pytest.fixture

@@ -8,21 +8,14 @@ import pytest
 
 from broker.membership import Membership
 from broker.wire.errors import InvalidRequestError
+from tests.support import FakeClock
 
 TIMEOUT = 500
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 10_000
-
-    def __call__(self) -> int:
-        return self.now
-
-
 @pytest.fixture
 def clock():
-    return FakeClock()
+    return FakeClock(10_000)
 
 
 @pytest.fixture

@@ -16,14 +16,7 @@ from broker.wire.errors import (
     TopicExistsError,
     TopicNotFoundError,
 )
-
-
-class FakeClock:
-    def __init__(self, now: int = 1_000_000) -> None:
-        self.now = now
-
-    def __call__(self) -> int:
-        return self.now
+from tests.support import FakeClock
 
 
 def batch(start: int, n: int, key: str = "k") -> pa.Table:

@@ -14,21 +14,14 @@ import pytest
 
 from broker.transactions import ABORTED, COMMITTED, COMMITTING, OPEN, TransactionManager
 from broker.wire.errors import InternalBrokerError, InvalidRequestError, TransactionError, TransactionNotFoundError
+from tests.support import FakeClock
 
 TIMEOUT = 1_000
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 5_000_000
-
-    def __call__(self) -> int:
-        return self.now
-
-
 @pytest.fixture
 def clock():
-    return FakeClock()
+    return FakeClock(5_000_000)
 
 
 @pytest.fixture
