@@ -28,7 +28,7 @@ __all__ = ["DataLossError", "QueuePartition", "read_partition"]
 
 log = logging.getLogger(__name__)
 
-PULL_MAX_MESSAGES = 8192
+PULL_MAX_MESSAGES = 100_000  # whole stored batches: a pull that ends mid-record makes the broker re-encode it
 _STALL_SLEEP_S = 0.05
 
 
