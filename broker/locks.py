@@ -24,8 +24,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from broker.persist import read_json, wall_ms, write_json_atomic
-from broker.wire.errors import FencedError, InternalBrokerError, InvalidRequestError
+from broker.persist import load_state, wall_ms, write_json_atomic
+from broker.wire.errors import FencedError, InvalidRequestError
 
 __all__ = ["LockInfo", "LockManager"]
 
@@ -199,19 +199,13 @@ class LockManager:
                 del self._locks[key]
 
     def _load(self) -> None:
-        if self._path is None:
-            return
-        state = read_json(self._path, None)
-        if state is None:
-            return
-        try:
-            if state.get("version") != _STATE_VERSION:
-                raise ValueError(f"unsupported version {state.get('version')!r}")
-            self._floor = int(state["floor"])
-            for group, topic, qid, epoch in state["epochs"]:
-                self._epochs.setdefault((str(group), str(topic)), {})[int(qid)] = int(epoch)
-        except (AttributeError, KeyError, TypeError, ValueError) as exc:
-            raise InternalBrokerError(f"lock epoch file {self._path} is not valid ({exc})") from exc
+        if self._path is not None:
+            load_state(self._path, _STATE_VERSION, "lock epoch file", self._parse_state)
+
+    def _parse_state(self, state: dict) -> None:
+        self._floor = int(state["floor"])
+        for group, topic, qid, epoch in state["epochs"]:
+            self._epochs.setdefault((str(group), str(topic)), {})[int(qid)] = int(epoch)
 
     def _save(self, epochs: dict[tuple[str, str], dict[int, int]], floor: int) -> None:
         if self._path is None:

@@ -13,8 +13,8 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from broker.persist import read_json, write_json_atomic
-from broker.wire.errors import InternalBrokerError, InvalidRequestError
+from broker.persist import load_state, write_json_atomic
+from broker.wire.errors import InvalidRequestError
 
 __all__ = ["OffsetStore"]
 
@@ -90,18 +90,13 @@ class OffsetStore:
             self._offsets = updated
 
     def _load(self) -> None:
-        state = read_json(self._path, None)
-        if state is None:
-            return
-        try:
-            if state.get("version") != _STATE_VERSION:
-                raise ValueError(f"unsupported version {state.get('version')!r}")
-            for group, topics in state["offsets"].items():
-                for topic, queues in topics.items():
-                    for qid, offset in queues.items():
-                        self._offsets.setdefault(group, {}).setdefault(topic, {})[int(qid)] = int(offset)
-        except (AttributeError, KeyError, TypeError, ValueError) as exc:
-            raise InternalBrokerError(f"offset file {self._path} is not valid ({exc})") from exc
+        load_state(self._path, _STATE_VERSION, "offset file", self._parse_state)
+
+    def _parse_state(self, state: dict) -> None:
+        for group, topics in state["offsets"].items():
+            for topic, queues in topics.items():
+                for qid, offset in queues.items():
+                    self._offsets.setdefault(group, {}).setdefault(topic, {})[int(qid)] = int(offset)
 
     def _save(self, offsets: dict[str, dict[str, dict[int, int]]]) -> None:
         # JSON object keys are strings: queue ids are written as "0", "1", ... and parsed back on load.

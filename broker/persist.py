@@ -14,12 +14,13 @@ import json
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from broker.wire.errors import InternalBrokerError
 
-__all__ = ["fsync_dir", "read_json", "wall_ms", "write_json_atomic"]
+__all__ = ["fsync_dir", "load_state", "read_json", "wall_ms", "write_json_atomic"]
 
 
 def wall_ms() -> int:
@@ -100,3 +101,17 @@ def read_json(path: Path, default: Any) -> Any:
             f"state file {path} is corrupt ({exc}); restore it from a backup, or move it away to start "
             "that state from empty"
         ) from exc
+
+
+def load_state(path: Path, version: int, what: str, parse: Callable[[dict[str, Any]], None]) -> None:
+    """Hand a versioned state file (``{"version": N, ...}``) to ``parse``; a missing file is no
+    state, and a malformed one raises ``InternalBrokerError`` naming ``what`` and the path."""
+    state = read_json(path, None)
+    if state is None:
+        return
+    try:
+        if state.get("version") != version:
+            raise ValueError(f"unsupported version {state.get('version')!r}")
+        parse(state)
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        raise InternalBrokerError(f"{what} {path} is not valid ({exc})") from exc
