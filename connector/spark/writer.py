@@ -87,7 +87,8 @@ class _OrderlyMQWriterMixin:
             for batch in iterator:
                 if batch.num_rows:
                     for topic, queue_id, table in router.route(batch):
-                        sender.send(topic, queue_id, table)
+                        sender.add(topic, queue_id, table)
+            sender.flush_all()
             return SinkCommitMessage(
                 query_id, batch_id, partition, sender.txn_id if sender.began else None, sender.rows
             )
@@ -239,6 +240,9 @@ class _Router:
         return ids
 
 
+_MAX_BUFFERED_BYTES = 32 * 1024 * 1024  # a task's rows held back across all its queues
+
+
 class _Sender:
     """Sends message tables of one task, in order, staged in ``txn_id`` when given."""
 
@@ -250,6 +254,30 @@ class _Sender:
         self.began = False
         self.rows = 0
         self._sequence: dict[tuple[str, int], int] = {}
+        self._buffers: dict[tuple[str, int], list[pa.Table]] = {}
+        self._buffered: dict[tuple[str, int], int] = {}
+        self._total = 0
+
+    def add(self, topic: str, queue_id: int, table: pa.Table) -> None:
+        """Buffer a queue's rows (in order) and send them once ``maxBatchBytes`` have gathered: one
+        large send instead of one per incoming Arrow batch and queue."""
+        key = (topic, queue_id)
+        self._buffers.setdefault(key, []).append(table)
+        self._buffered[key] = self._buffered.get(key, 0) + table.nbytes
+        self._total += table.nbytes
+        if self._buffered[key] >= self.options.max_batch_bytes:
+            self._flush(key)
+        elif self._total >= _MAX_BUFFERED_BYTES:
+            self._flush(max(self._buffered, key=self._buffered.__getitem__))
+
+    def flush_all(self) -> None:
+        for key in list(self._buffers):
+            self._flush(key)
+
+    def _flush(self, key: tuple[str, int]) -> None:
+        tables = self._buffers.pop(key)
+        self._total -= self._buffered.pop(key)
+        self.send(key[0], key[1], pa.concat_tables(tables) if len(tables) > 1 else tables[0])
 
     def send(self, topic: str, queue_id: int, table: pa.Table) -> None:
         if self.txn_id is not None and not self.began:
