@@ -146,7 +146,7 @@ def control_cost_ms(address: str, repeats: int = 30) -> dict[str, float]:
 
 
 def run(workdir: Path, quick: bool) -> list[Row]:
-    rows_total = 400_000 if quick else 4_000_000
+    rows_total = 200_000 if quick else 4_000_000
     out: list[Row] = []
     with BrokerProcess(workdir / "spark-bench", "--log-level", "WARNING") as broker:
         conn = BrokerConnection(broker.address)
@@ -168,7 +168,7 @@ def run(workdir: Path, quick: bool) -> list[Row]:
                            "benchmem -> noop", BODY_BYTES, QUEUES, ">= 0.5 of ceiling"))
             out.append(Row("spark sink: benchmem -> orderlymq (at least once)", alo, "rows/s", noop,
                            "benchmem -> noop", BODY_BYTES, QUEUES))
-            p50, p99 = end_to_end_latency(spark, workdir, broker.address, 40 if quick else 200)
+            p50, p99 = end_to_end_latency(spark, workdir, broker.address, 25 if quick else 200)
             out.append(Row("end-to-end latency p50 (produce -> sink output)", p50, "ms", goal="<= 250 ms",
                            message_bytes=BODY_BYTES, queues=1))
             out.append(Row("end-to-end latency p99 (produce -> sink output)", p99, "ms", goal="<= 1000 ms",
