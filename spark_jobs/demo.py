@@ -30,6 +30,7 @@ from rich.console import Console  # noqa: E402
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
 from rich.table import Table  # noqa: E402
 
+from bench.report import percentile  # noqa: E402
 from spark_jobs.order_check import OrderChecker, OrderReport  # noqa: E402
 from spark_jobs.session import spark_session  # noqa: E402
 
@@ -137,13 +138,6 @@ def start_query(spark, address: str, events_topic: str, out_topic: str, args, ch
             .option("checkpointLocation", str(checkpoint))
             .queryName("demo-notifications")
             .trigger(processingTime=args.trigger).start())
-
-
-def percentile(values: list[float], p: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
 
 
 def first_batch_end_ms(progress_log: list[dict]) -> float:

@@ -10,11 +10,10 @@ import json
 import time
 from collections import defaultdict
 
-import pyarrow as pa
-
 from broker.wire import codec
 from broker.wire.routing import queue_for_key
 from connector.client.connection import BrokerConnection, pb
+from tests.support import pull_all
 
 
 def create_topic(conn: BrokerConnection, topic: str, queues: int) -> None:
@@ -41,23 +40,12 @@ def keyed_events(keys: int, per_key: int, start: int = 0) -> list[tuple[str, int
     return [(f"k{k}", s) for s in range(start, start + per_key) for k in range(keys)]
 
 
-def pull_queue(conn: BrokerConnection, topic: str, queue_id: int, offset: int = 0) -> pa.Table:
-    tables = []
-    while True:
-        response = conn.call("Pull", pb.PullRequest(topic=topic, queue_id=queue_id, offset=offset))
-        if response.batches:
-            tables.append(codec.decode_many(response.batches))
-        if response.next_offset >= response.max_offset:
-            return pa.concat_tables(tables) if tables else codec.empty_stored_table()
-        offset = response.next_offset
-
-
 def topic_events(conn: BrokerConnection, topic: str) -> dict[int, list[tuple[str, int]]]:
     """``{queue: [(key, seq), ...]}`` of a whole topic, in queue order, decoded from the bodies."""
     count = conn.call("DescribeTopic", pb.DescribeTopicRequest(topic=topic)).queue_count
     out = {}
     for queue_id in range(count):
-        bodies = pull_queue(conn, topic, queue_id).column("body").to_pylist()
+        bodies = pull_all(conn, topic, queue_id).column("body").to_pylist()
         out[queue_id] = [(e["key"], e["seq"]) for e in map(json.loads, bodies)]
     return out
 

@@ -14,7 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from broker.wire.routing import queue_for_key
-from tests.spark.helpers import by_key, create_topic, pull_queue, topic_events
+from tests.spark.helpers import by_key, create_topic, topic_events
+from tests.support import pull_all
 
 pytestmark = pytest.mark.spark
 
@@ -56,12 +57,12 @@ def test_backfill_dry_run_and_spark_submit(broker, conn, topic_name, tmp_path):
         expected[queue_for_key(key, 4)] += 1
     for queue_id, count in expected.items():
         assert f"queue {queue_id}: {count} rows" in dry.stdout
-    assert all(len(pull_queue(conn, topic_name, q)) == 0 for q in range(4))
+    assert all(len(pull_all(conn, topic_name, q)) == 0 for q in range(4))
 
     run([str(VENV_BIN / "spark-submit"), "--master", "local[2]", str(ROOT / "spark_jobs/backfill.py"), *args])
     for queue_id in range(4):
-        rows = [json.loads(b) for b in pull_queue(conn, topic_name, queue_id).column("body").to_pylist()]
+        rows = [json.loads(b) for b in pull_all(conn, topic_name, queue_id).column("body").to_pylist()]
         assert all(queue_for_key(r["account"], 4) == queue_id for r in rows)
         per_key = by_key((r["account"], r["ts"]) for r in rows)
         assert all(ts == list(range(20)) for ts in per_key.values())
-    assert sum(len(pull_queue(conn, topic_name, q)) for q in range(4)) == len(events)
+    assert sum(len(pull_all(conn, topic_name, q)) for q in range(4)) == len(events)
