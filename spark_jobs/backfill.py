@@ -33,6 +33,7 @@ from pyspark.sql import functions as F  # noqa: E402
 from connector.client.connection import BrokerConnection, pb  # noqa: E402
 from connector.spark import ordered_for_write, register  # noqa: E402
 from connector.spark.sharding import queue_expr  # noqa: E402
+from spark_jobs.session import spark_session  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -76,10 +77,7 @@ def load(spark: SparkSession, args: argparse.Namespace) -> DataFrame:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    builder = SparkSession.builder.appName(f"orderlymq-backfill-{args.topic}")
-    if args.master:
-        builder = builder.master(args.master)
-    spark = builder.getOrCreate()
+    spark = spark_session(f"orderlymq-backfill-{args.topic}", args.master or "local[*]")
     _ship_sources(spark)
     register(spark)
     with BrokerConnection(args.brokers) as conn:
