@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -211,18 +212,8 @@ def messages_to_batch(messages: Sequence[Mapping[str, Any]]) -> pa.Table:
 def with_store_columns(table: pa.Table, base_offset: int, store_ms: int) -> pa.Table:
     """Append ``queue_offset`` (base_offset, base_offset+1, ...) and ``store_timestamp``."""
     n = table.num_rows
-    offsets = pa.array(range(base_offset, base_offset + n), pa.int64()) if n < 64 else pc.add(
-        pa.array(_arange(n), pa.int64()), pa.scalar(base_offset, pa.int64())
-    )
-    stamps = pa.repeat(pa.scalar(store_ms, TIMESTAMP_MS), n) if hasattr(pa, "repeat") else pa.array(
-        [store_ms] * n, pa.int64()
-    ).cast(TIMESTAMP_MS)
+    offsets = pa.array(np.arange(base_offset, base_offset + n, dtype=np.int64))
+    stamps = pa.repeat(pa.scalar(store_ms, TIMESTAMP_MS), n)
     return table.append_column(STORED_SCHEMA.field("queue_offset"), offsets).append_column(
         STORED_SCHEMA.field("store_timestamp"), stamps
     )
-
-
-def _arange(n: int):
-    import numpy as np
-
-    return np.arange(n, dtype=np.int64)
