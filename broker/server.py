@@ -28,6 +28,7 @@ from broker.storage import Store
 from broker.transactions import TransactionManager
 from broker.wire import codec
 from broker.wire.errors import ERROR_KIND_KEY, InvalidRequestError, OffsetOutOfRangeError, status_metadata, to_status
+from broker.wire.pull_response import encode_pull_response
 from broker.wire.tags import parse_tag_expression
 
 __all__ = ["BrokerService", "RunningBroker", "start_broker"]
@@ -119,11 +120,11 @@ class BrokerService(pb_grpc.OrderlyMQServicer):
 
     def _send(self, request) -> pb.SendResponse:
         queue = self.store.queue(request.topic, request.queue_id)
-        table = codec.normalize(codec.decode(request.batch))
+        body, count = codec.message_batch(request.batch)
         if request.txn_id:
-            self.txns.stage(request.txn_id, request.topic, request.queue_id, codec.encode(table))
-            return pb.SendResponse(base_offset=-1, count=table.num_rows, queue_id=request.queue_id)
-        result = queue.append(table, request.producer_id, request.sequence if request.producer_id else -1)
+            self.txns.stage(request.txn_id, request.topic, request.queue_id, body)
+            return pb.SendResponse(base_offset=-1, count=count, queue_id=request.queue_id)
+        result = queue.append(body, count, request.producer_id, request.sequence if request.producer_id else -1)
         return pb.SendResponse(base_offset=result.base_offset, count=result.count,
                                store_timestamp=result.store_timestamp, duplicate=result.duplicate,
                                queue_id=request.queue_id)
@@ -171,11 +172,10 @@ class BrokerService(pb_grpc.OrderlyMQServicer):
             min(request.max_messages or self.config.max_pull_messages, self.config.max_pull_messages),
             min(request.max_bytes or self.config.max_pull_bytes, self.config.max_pull_bytes),
         )
-        batches, count = result.batches, result.count
-        if tags is not None:
-            batches, count = _filter_by_tags(batches, tags)
-        return pb.PullResponse(batches=batches, next_offset=result.next_offset, count=count,
-                               min_offset=queue.min_offset, max_offset=queue.max_offset)
+        table = result.table if tags is None else _with_tags(result.table, tags)
+        batches = [codec.encode_parts(table)] if table.num_rows else []
+        return encode_pull_response(batches, next_offset=result.next_offset, count=table.num_rows,
+                                    min_offset=queue.min_offset, max_offset=queue.max_offset)
 
     @_serve
     def QueryOffsets(self, request, context):
@@ -272,7 +272,7 @@ class BrokerService(pb_grpc.OrderlyMQServicer):
         count = 0
         for (topic, queue_id), tables in per_queue.items():
             table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
-            self.store.queue(topic, queue_id).append(table, f"txn:{txn_id}", 0)
+            self.store.queue(topic, queue_id).append(codec.encode(table), table.num_rows, f"txn:{txn_id}", 0)
             count += table.num_rows
         self.txns.mark_committed(txn_id)
         return False, count
@@ -316,16 +316,9 @@ class BrokerService(pb_grpc.OrderlyMQServicer):
         self.txns.close()
 
 
-def _filter_by_tags(batches: list[bytes], tags: frozenset[str]) -> tuple[list[bytes], int]:
+def _with_tags(table: pa.Table, tags: frozenset[str]) -> pa.Table:
     wanted = pa.array(sorted(tags), pa.string())
-    out, count = [], 0
-    for payload in batches:
-        table = codec.decode(payload)
-        kept = table.filter(pc.fill_null(pc.is_in(table.column("tag"), value_set=wanted), False))
-        if kept.num_rows:
-            out.append(payload if kept.num_rows == table.num_rows else codec.encode(kept))
-            count += kept.num_rows
-    return out, count
+    return table.filter(pc.fill_null(pc.is_in(table.column("tag"), value_set=wanted), False))
 
 
 def _parsed(method, request_type):
@@ -352,7 +345,8 @@ def _service_handler(service: BrokerService) -> grpc.GenericRpcHandler:
     handlers = {}
     for method in pb.DESCRIPTOR.services_by_name["OrderlyMQ"].methods:
         request_type = getattr(pb, method.input_type.name)
-        serialize = getattr(pb, method.output_type.name).SerializeToString
+        # Pull serializes its own response (megabytes of batches, copied once).
+        serialize = None if method.name == "Pull" else getattr(pb, method.output_type.name).SerializeToString
         impl = getattr(service, method.name)
         if method.client_streaming:
             # Requests are parsed one by one in the handler: a malformed one gets an error response.

@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 
 _MAX_PRODUCERS = 10_000  # idempotence state kept per queue (least recently used dropped)
 _MAX_RESULTS_PER_PRODUCER = 64
+_SMALL_RECORD_ROWS = 256  # below this average a pull's records are combined into one batch
 
 
 @dataclass(frozen=True)
@@ -41,9 +42,12 @@ class AppendResult:
 
 @dataclass(frozen=True)
 class ReadResult:
-    batches: list[bytes]  # Arrow IPC streams, stored schema, in queue order
+    table: pa.Table  # STORED_SCHEMA: the messages with their store columns, in queue order
     next_offset: int
-    count: int
+
+    @property
+    def count(self) -> int:
+        return self.table.num_rows
 
 
 class QueueLog:
@@ -138,8 +142,9 @@ class QueueLog:
 
     # -- appending -----------------------------------------------------------------------------
 
-    def append(self, table: pa.Table, producer_id: str = "", sequence: int = -1) -> AppendResult:
-        """Store a normalized message table as one record; returns its offsets.
+    def append(self, body: bytes, count: int, producer_id: str = "", sequence: int = -1) -> AppendResult:
+        """Store one batch (``codec.message_batch`` output: ``count`` messages) as one record;
+        returns its offsets.
 
         A (producer_id, sequence) already stored returns the earlier result with
         ``duplicate=True`` and stores nothing.
@@ -153,8 +158,7 @@ class QueueLog:
             active = self.segments[-1]
             base = active.next_offset
             store_ts = max(self.clock(), active.last_store_ts)
-            body = codec.encode(codec.with_store_columns(table, base, store_ts))
-            framed = frame(body, base, table.num_rows, store_ts, phash, sequence)
+            framed = frame(body, base, count, store_ts, phash, sequence)
             if active.size and active.size + len(framed) > self.segment_bytes:
                 active = self._roll()
             active.append(framed, parse_header(framed))
@@ -162,7 +166,7 @@ class QueueLog:
                 active.sync()
             else:
                 self.dirty = True
-            result = AppendResult(base, table.num_rows, store_ts)
+            result = AppendResult(base, count, store_ts)
             if phash:
                 self._remember(phash, sequence, result)
             self._appended.notify_all()
@@ -212,17 +216,31 @@ class QueueLog:
             )
 
     def read(self, offset: int, max_messages: int, max_bytes: int) -> ReadResult:
-        """Up to ``max_messages`` messages from ``offset`` (at least one record's worth if any).
+        """Up to ``max_messages`` messages from ``offset`` (at least one record's worth if any),
+        with the store columns added."""
+        bodies, stamps, counts, first_base = self._read_records(offset, max_messages, max_bytes)
+        if not bodies:
+            return ReadResult(codec.empty_stored_table(), offset)
+        messages = codec.decode_records(bodies).slice(offset - first_base, sum(counts))  # records may straddle
+        table = codec.with_store_columns(messages, offset, stamps, counts)
+        if table.num_rows < _SMALL_RECORD_ROWS * len(bodies):  # many small records: one batch, not one each
+            table = table.combine_chunks()
+        return ReadResult(table, offset + table.num_rows)
 
-        Returns whole stored records where possible; a record straddling either end is sliced.
-        """
+    def _read_records(self, offset: int, max_messages: int,
+                      max_bytes: int) -> tuple[list[bytes], list[int], list[int], int]:
+        """The bodies of the records holding messages from ``offset`` on, their store timestamps,
+        how many of each record's messages are read (the first and last may be partial), and the
+        first record's base offset."""
         self.check_offset(offset)
         segments = list(self.segments)
         end = segments[-1].next_offset
         start_index = max(i for i, s in enumerate(segments) if s.base_offset <= offset)
-        batches: list[bytes] = []
+        bodies: list[bytes] = []
+        stamps: list[int] = []
+        counts: list[int] = []
         count = size = 0
-        position = offset
+        position = first_base = offset
         for seg in segments[start_index:]:
             if position < seg.base_offset:  # a hole left by recovery: stop before it, or name it
                 if count:
@@ -238,21 +256,22 @@ class QueueLog:
                     body = seg.read_body(pos, header, raw)
                 except DamagedRecordError:
                     if count:  # serve what precedes the damage; the next pull names it
-                        return ReadResult(batches, position, count)
+                        return bodies, stamps, counts, first_base
                     raise
-                take_from = position - header.base_offset
-                take = min(header.count - take_from, max_messages - count)
-                if take_from or take < header.count:
-                    body = codec.encode(codec.decode(body).slice(take_from, take))
-                batches.append(body)
+                take = min(header.next_offset - position, max_messages - count)
+                if not bodies:
+                    first_base = header.base_offset
+                bodies.append(body)
+                stamps.append(header.store_ts)
+                counts.append(take)
                 count += take
                 size += len(body)
                 position += take
                 if count >= max_messages or size >= max_bytes:
-                    return ReadResult(batches, position, count)
+                    return bodies, stamps, counts, first_base
             if position >= end:
                 break
-        return ReadResult(batches, position, count)
+        return bodies, stamps, counts, first_base
 
     def offset_for_timestamp(self, timestamp: int) -> int:
         """First offset stored at or after ``timestamp`` (``max_offset`` if none yet)."""

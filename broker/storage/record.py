@@ -1,5 +1,9 @@
 """On-disk record framing: a fixed header, then one Arrow IPC stream (the stored batch).
 
+The body holds the batch's message columns as sent (``codec.message_batch``); its messages'
+offsets and store timestamp are in the header, and reads add them as columns. Records written
+before that carry the two columns in the body too; reads accept both.
+
 Header (little endian, 48 bytes)::
 
     magic u32 | body_len u32 | crc u32 | base_offset i64 | count i32 |

@@ -1,8 +1,9 @@
 """Arrow IPC codec for message batches: pure functions, no I/O, no state.
 
-A batch on the wire is one Arrow IPC stream with the message columns of ``MESSAGE_SCHEMA``;
-the broker stores and returns batches with the ``STORED_SCHEMA`` columns (``queue_offset`` and
-``store_timestamp`` added). Neither side loops over messages in Python on the hot path.
+A batch on the wire is one Arrow IPC stream with the message columns of ``MESSAGE_SCHEMA``. The
+broker stores it as sent when it already has exactly those columns (``message_batch``), and adds
+``queue_offset`` and ``store_timestamp`` on the way out (``with_store_columns``: the
+``STORED_SCHEMA`` batches a pull returns). Neither side loops over messages in Python on the hot path.
 """
 
 from __future__ import annotations
@@ -22,8 +23,11 @@ __all__ = [
     "STORED_SCHEMA",
     "decode",
     "decode_many",
+    "decode_records",
     "empty_stored_table",
     "encode",
+    "encode_parts",
+    "message_batch",
     "messages_to_batch",
     "normalize",
     "now_ms",
@@ -42,6 +46,7 @@ MESSAGE_SCHEMA = pa.schema(
         pa.field("born_timestamp", TIMESTAMP_MS),
     ]
 )
+_BODY, _BORN = MESSAGE_SCHEMA.get_field_index("body"), MESSAGE_SCHEMA.get_field_index("born_timestamp")
 STORED_SCHEMA = MESSAGE_SCHEMA.append(pa.field("queue_offset", pa.int64(), nullable=False)).append(
     pa.field("store_timestamp", TIMESTAMP_MS)
 )
@@ -51,12 +56,29 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+# The IPC stream framing of the two schemas every batch uses, serialized once: encoding or
+# decoding a small batch then costs a few calls instead of a stream writer's or reader's setup.
+_MESSAGE_SCHEMA_IPC = MESSAGE_SCHEMA.serialize().to_pybytes()
+_KNOWN_SCHEMAS = ((MESSAGE_SCHEMA, _MESSAGE_SCHEMA_IPC), (STORED_SCHEMA, STORED_SCHEMA.serialize().to_pybytes()))
+_END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+
+
 def encode(data: pa.RecordBatch | pa.Table) -> bytes:
     """One Arrow IPC stream holding ``data``."""
+    return b"".join(encode_parts(data))
+
+
+def encode_parts(data: pa.RecordBatch | pa.Table) -> list[bytes | pa.Buffer]:
+    """``encode(data)`` as parts whose concatenation is the stream, for callers that copy them
+    into a larger message anyway (a pull response) and so save a copy of megabytes."""
+    for schema, message in _KNOWN_SCHEMAS:
+        if data.schema.equals(schema):
+            batches = data.to_batches() if isinstance(data, pa.Table) else [data]
+            return [message, *(b.serialize() for b in batches), _END_OF_STREAM]
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, data.schema) as writer:
         writer.write(data)
-    return sink.getvalue().to_pybytes()
+    return [sink.getvalue()]
 
 
 def decode(payload: bytes | pa.Buffer) -> pa.Table:
@@ -64,9 +86,26 @@ def decode(payload: bytes | pa.Buffer) -> pa.Table:
     if not payload:
         raise BadBatchError("empty batch: the request carries no Arrow IPC stream")
     try:
-        return pa.ipc.open_stream(pa.py_buffer(payload) if isinstance(payload, bytes) else payload).read_all()
+        if isinstance(payload, bytes):
+            for schema, message in _KNOWN_SCHEMAS:
+                if payload.startswith(message):
+                    return _read_batches(pa.py_buffer(payload)[len(message):], schema)
+            payload = pa.py_buffer(payload)
+        return pa.ipc.open_stream(payload).read_all()
     except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
         raise BadBatchError(f"malformed Arrow IPC stream ({len(payload)} bytes): {exc}") from None
+
+
+def _read_batches(messages: pa.Buffer, schema: pa.Schema) -> pa.Table:
+    """The record batches after a known schema message (a stream that holds no dictionaries)."""
+    reader = pa.ipc.MessageReader.open_stream(messages)
+    batches = []
+    while True:
+        try:
+            message = reader.read_next_message()
+        except StopIteration:
+            return pa.Table.from_batches(batches, schema)
+        batches.append(pa.ipc.read_record_batch(message, schema))
 
 
 def decode_many(payloads: Iterable[bytes]) -> pa.Table:
@@ -146,6 +185,9 @@ def normalize(data: pa.Table | pa.RecordBatch, *, default_born_ms: int | None = 
     table = pa.Table.from_batches([data]) if isinstance(data, pa.RecordBatch) else data
     if table.num_rows == 0:
         raise BadBatchError("empty batch: send at least one message")
+    if (table.schema.equals(MESSAGE_SCHEMA, check_metadata=False) and table.column(_BORN).null_count == 0
+            and table.column(_BODY).null_count == 0):
+        return table  # already conforms (what our producers send): checked first, it is the hot path
     if "body" not in table.column_names:
         raise BadBatchError(f"batch has no 'body' column (columns: {', '.join(table.column_names)})")
     extra = [c for c in table.column_names if c not in MESSAGE_SCHEMA.names]
@@ -153,10 +195,6 @@ def normalize(data: pa.Table | pa.RecordBatch, *, default_born_ms: int | None = 
         raise BadBatchError(
             f"unknown column(s) {', '.join(map(repr, extra))}; message columns are {', '.join(MESSAGE_SCHEMA.names)}"
         )
-    if table.schema.equals(MESSAGE_SCHEMA, check_metadata=False):
-        born = table.column("born_timestamp")
-        if born.null_count == 0:
-            return table
     born = _as_timestamp(_column_or_nulls(table, "born_timestamp", TIMESTAMP_MS), "born_timestamp")
     if born.null_count:
         fill = pa.scalar(default_born_ms if default_born_ms is not None else now_ms(), TIMESTAMP_MS)
@@ -209,11 +247,49 @@ def messages_to_batch(messages: Sequence[Mapping[str, Any]]) -> pa.Table:
     return table
 
 
-def with_store_columns(table: pa.Table, base_offset: int, store_ms: int) -> pa.Table:
-    """Append ``queue_offset`` (base_offset, base_offset+1, ...) and ``store_timestamp``."""
-    n = table.num_rows
-    offsets = pa.array(np.arange(base_offset, base_offset + n, dtype=np.int64))
-    stamps = pa.repeat(pa.scalar(store_ms, TIMESTAMP_MS), n)
-    return table.append_column(STORED_SCHEMA.field("queue_offset"), offsets).append_column(
-        STORED_SCHEMA.field("store_timestamp"), stamps
+def message_batch(payload: bytes) -> tuple[bytes, int]:
+    """A sent batch as the broker stores it, and its row count: an Arrow IPC stream of
+    ``MESSAGE_SCHEMA`` columns, fully validated, laid out as ``encode`` lays it out.
+
+    A payload already in that form (what our producers send) is kept byte for byte, so a small
+    send costs a decode and a validation, no re-encoding; any other is normalized and encoded.
+    """
+    table = decode(payload)
+    normalized = normalize(table)
+    batches = normalized.to_batches()
+    for batch in batches:
+        try:
+            batch.validate(full=True)
+        except pa.ArrowInvalid as exc:  # decoding checks framing, not offsets or UTF-8 inside the data
+            raise BadBatchError(f"invalid Arrow data in the batch ({len(payload)} bytes): {exc}") from None
+    if (normalized is table and isinstance(payload, bytes) and payload.startswith(_MESSAGE_SCHEMA_IPC)
+            and payload.endswith(_END_OF_STREAM) and len(payload) == len(_MESSAGE_SCHEMA_IPC)
+            + sum(map(pa.ipc.get_record_batch_size, batches)) + len(_END_OF_STREAM)):
+        return payload, table.num_rows
+    return encode(normalized), normalized.num_rows
+
+
+def decode_records(bodies: Sequence[bytes]) -> pa.Table:
+    """Stored record bodies, in order, as one table of their message columns.
+
+    Bodies stored by ``message_batch`` share one layout (schema message, record batch messages,
+    end-of-stream marker), so consecutive ones are read as one stream: one decode, not one per
+    record. Records stored with the store columns (older data directories) are decoded one by one.
+    """
+    prefix = _MESSAGE_SCHEMA_IPC
+    if len(bodies) > 1 and all(body.startswith(prefix) for body in bodies):
+        messages = (memoryview(body)[len(prefix):-len(_END_OF_STREAM)] for body in bodies)
+        return pa.ipc.open_stream(b"".join([prefix, *messages, _END_OF_STREAM])).read_all()  # loops in C++
+    tables = [t if t.num_columns == len(MESSAGE_SCHEMA) else t.select(MESSAGE_SCHEMA.names) for t in map(decode, bodies)]
+    return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+
+
+def with_store_columns(table: pa.Table, first_offset: int, store_timestamps: Sequence[int],
+                       counts: Sequence[int]) -> pa.Table:
+    """``table`` (message columns of consecutive records holding ``counts`` rows each) with
+    ``queue_offset`` (first_offset, first_offset+1, ...) and each record's ``store_timestamp``."""
+    offsets = np.arange(first_offset, first_offset + table.num_rows, dtype=np.int64)
+    stamps = np.repeat(np.asarray(store_timestamps, dtype=np.int64), counts)
+    return table.append_column(STORED_SCHEMA.field("queue_offset"), pa.array(offsets)).append_column(
+        STORED_SCHEMA.field("store_timestamp"), pa.array(stamps).view(TIMESTAMP_MS)
     )

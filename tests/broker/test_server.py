@@ -8,6 +8,8 @@ import threading
 import time
 from collections import defaultdict
 
+import numpy as np
+import pyarrow as pa
 import pytest
 
 from broker.wire import codec
@@ -286,3 +288,10 @@ def test_bad_requests_get_precise_errors(conn, topic_name):
         conn.call("Send", pb.SendRequest(topic=topic_name, queue_id=0, batch=b"not arrow"))
     with pytest.raises(BadBatchError, match="empty batch"):
         conn.call("Send", pb.SendRequest(topic=topic_name, queue_id=0, batch=b""))
+    # Framing that decodes, data that does not: a string key that is not UTF-8.
+    bad_keys = pa.Array.from_buffers(pa.string(), 1, [None, pa.py_buffer(np.array([0, 2], np.int32)),
+                                                      pa.py_buffer(b"\xff\xfe")])
+    good = codec.messages_to_batch([{"key": "k", "body": b"x"}])
+    forged = pa.Table.from_arrays([bad_keys, *good.columns[1:]], schema=codec.MESSAGE_SCHEMA)
+    with pytest.raises(BadBatchError, match="invalid Arrow data"):
+        conn.call("Send", pb.SendRequest(topic=topic_name, queue_id=0, batch=codec.encode(forged)))

@@ -19,15 +19,17 @@ from broker.wire.errors import (
 from tests.support import FakeClock
 
 
-def batch(start: int, n: int, key: str = "k") -> pa.Table:
-    return codec.messages_to_batch([{"key": key, "body": f"{key}-{i}".encode()} for i in range(start, start + n)])
+def batch(start: int, n: int, key: str = "k") -> tuple[bytes, int]:
+    """A sent batch as the broker stores it: (message-column Arrow IPC stream, row count)."""
+    table = codec.messages_to_batch([{"key": key, "body": f"{key}-{i}".encode()} for i in range(start, start + n)])
+    return codec.message_batch(codec.encode(table))
 
 
 def read_all(q: QueueLog, offset: int = 0, max_messages: int = 1_000_000, max_bytes: int = 1 << 40) -> pa.Table:
     tables = []
     while offset < q.max_offset:
         result = q.read(offset, max_messages, max_bytes)
-        tables.append(codec.decode_many(result.batches))
+        tables.append(result.table)
         offset = result.next_offset
     return pa.concat_tables(tables) if tables else codec.empty_stored_table()
 
@@ -41,7 +43,7 @@ def make_log(tmp_path, **kw) -> QueueLog:
 def test_appends_get_contiguous_offsets_and_read_back_in_order(tmp_path):
     q = make_log(tmp_path)
     for i in range(50):
-        result = q.append(batch(i * 3, 3))
+        result = q.append(*batch(i * 3, 3))
         assert (result.base_offset, result.count) == (i * 3, 3)
     assert len(q.segments) > 1, "small segments must roll"
     table = read_all(q)
@@ -49,20 +51,44 @@ def test_appends_get_contiguous_offsets_and_read_back_in_order(tmp_path):
     assert table.column("body").to_pylist() == [f"k-{i}".encode() for i in range(150)]
 
 
+def test_a_canonical_batch_is_stored_as_sent_and_others_are_normalized():
+    canonical = codec.encode(codec.messages_to_batch([{"key": "a", "body": b"1"}, {"key": "b", "body": b"2"}]))
+    assert codec.message_batch(canonical) == (canonical, 2)
+    loose = codec.encode(pa.table({"key": [7, 8], "body": ["x", "y"]}))  # int keys, string bodies
+    body, count = codec.message_batch(loose)
+    table = codec.decode(body)
+    assert count == 2 and table.schema.equals(codec.MESSAGE_SCHEMA)
+    assert table.column("key").to_pylist() == ["7", "8"] and table.column("body").to_pylist() == [b"x", b"y"]
+
+
+def test_records_written_with_store_columns_read_back_with_their_offsets(tmp_path):
+    """Records from before bodies were stored as sent carry queue_offset/store_timestamp already."""
+    q = make_log(tmp_path, clock=FakeClock(5_000))
+    q.append(*batch(0, 2))
+    legacy = codec.with_store_columns(codec.messages_to_batch([{"body": b"old-2"}, {"body": b"old-3"}]), 2, [5_000], [2])
+    q.append(codec.encode(legacy), 2)
+    q.append(*batch(4, 1))
+    table = read_all(q, 1)
+    assert table.schema.equals(codec.STORED_SCHEMA)
+    assert table.column("queue_offset").to_pylist() == [1, 2, 3, 4]
+    assert table.column("body").to_pylist() == [b"k-1", b"old-2", b"old-3", b"k-4"]
+
+
 def test_read_from_the_middle_of_a_record_and_limits(tmp_path):
     q = make_log(tmp_path)
     for i in range(20):
-        q.append(batch(i * 5, 5))
+        q.append(*batch(i * 5, 5))
     result = q.read(7, 4, 1 << 30)
-    table = codec.decode_many(result.batches)
+    table = result.table
     assert table.column("queue_offset").to_pylist() == [7, 8, 9, 10]
+    assert table.column("body").to_pylist() == [b"k-7", b"k-8", b"k-9", b"k-10"], "bodies match their offsets"
     assert result.next_offset == 11
     assert read_all(q, 7, max_messages=3).column("queue_offset").to_pylist() == list(range(7, 100))
 
 
 def test_offsets_out_of_range_are_precise(tmp_path):
     q = make_log(tmp_path)
-    q.append(batch(0, 2))
+    q.append(*batch(0, 2))
     assert q.read(2, 10, 1000).count == 0
     with pytest.raises(OffsetOutOfRangeError, match="beyond the maximum 2"):
         q.read(3, 10, 1000)
@@ -71,18 +97,18 @@ def test_offsets_out_of_range_are_precise(tmp_path):
 def test_reopen_rebuilds_state_and_keeps_order(tmp_path):
     q = make_log(tmp_path)
     for i in range(40):
-        q.append(batch(i * 2, 2))
+        q.append(*batch(i * 2, 2))
     q.close()
     q2 = make_log(tmp_path)
     assert q2.max_offset == 80 and not q2.cut_reports
-    q2.append(batch(80, 1))
+    q2.append(*batch(80, 1))
     assert read_all(q2).column("queue_offset").to_pylist() == list(range(81))
 
 
 def test_recovery_cuts_only_a_torn_tail_record(tmp_path):
     q = make_log(tmp_path, segment_bytes=1 << 20)
     for i in range(10):
-        q.append(batch(i, 1))
+        q.append(*batch(i, 1))
     q.close()
     path = q.segments[-1].path
     size = path.stat().st_size
@@ -100,24 +126,24 @@ def test_recovery_cuts_only_a_torn_tail_record(tmp_path):
 def test_recovery_cuts_a_half_written_header(tmp_path):
     q = make_log(tmp_path, segment_bytes=1 << 20)
     for i in range(3):
-        q.append(batch(i, 1))
+        q.append(*batch(i, 1))
     q.close()
     with open(q.segments[-1].path, "ab") as f:
         f.write(b"\x4f\x51\x4d")  # a torn header of a fourth record
     q2 = make_log(tmp_path, segment_bytes=1 << 20)
     assert q2.max_offset == 3 and q2.cut_reports[0].bytes_cut == 3
-    assert q2.append(batch(3, 1)).base_offset == 3
+    assert q2.append(*batch(3, 1)).base_offset == 3
 
 
 def test_resend_of_a_stored_sequence_is_not_stored_twice_even_after_restart(tmp_path):
     q = make_log(tmp_path)
-    first = q.append(batch(0, 2), "producer-1", 0)
-    again = q.append(batch(0, 2), "producer-1", 0)
+    first = q.append(*batch(0, 2), "producer-1", 0)
+    again = q.append(*batch(0, 2), "producer-1", 0)
     assert again.duplicate and again.base_offset == first.base_offset
     q.close()
     q2 = make_log(tmp_path)
-    assert q2.append(batch(0, 2), "producer-1", 0).duplicate
-    assert q2.append(batch(2, 1), "producer-1", 1).base_offset == 2
+    assert q2.append(*batch(0, 2), "producer-1", 0).duplicate
+    assert q2.append(*batch(2, 1), "producer-1", 1).base_offset == 2
     assert q2.max_offset == 3
 
 
@@ -126,7 +152,7 @@ def test_offset_for_timestamp(tmp_path):
     q = make_log(tmp_path, clock=clock)
     for i in range(30):
         clock.now = 1_000_000 + i * 10
-        q.append(batch(i, 1))
+        q.append(*batch(i, 1))
     assert q.offset_for_timestamp(1_000_000 + 95) == 10
     assert q.offset_for_timestamp(0) == 0
     assert q.offset_for_timestamp(9_999_999) == 30
@@ -136,7 +162,7 @@ def test_retention_by_age_and_size_removes_whole_old_segments(tmp_path):
     clock = FakeClock()
     q = make_log(tmp_path, clock=clock)
     for i in range(60):
-        q.append(batch(i, 1))
+        q.append(*batch(i, 1))
     segments = len(q.segments)
     assert segments > 2
     clock.now += 10_000
@@ -145,7 +171,7 @@ def test_retention_by_age_and_size_removes_whole_old_segments(tmp_path):
     with pytest.raises(OffsetOutOfRangeError, match="removed by retention"):
         q.read(0, 10, 1000)
     for i in range(60, 120):
-        q.append(batch(i, 1))
+        q.append(*batch(i, 1))
     q.apply_retention(retention_ms=0, retention_bytes=4096)
     assert q.size_bytes < 4096 + q.segments[-1].size
     remaining = read_all(q, q.min_offset)
@@ -162,7 +188,7 @@ def test_store_topics_persist_and_errors_name_the_problem(tmp_path):
         store.queue("nope", 0)
     with pytest.raises(QueueOutOfRangeError, match="queues 0..3"):
         store.queue("orders", 4)
-    store.queue("orders", 2).append(batch(0, 3))
+    store.queue("orders", 2).append(*batch(0, 3))
     store.close()
     reopened = Store(tmp_path)
     assert reopened.topics() == {"orders": 4}
@@ -185,7 +211,7 @@ def closed_segment_record(q: QueueLog):
 def test_damage_in_a_closed_segment_is_named_on_read_and_can_be_skipped(tmp_path):
     q = make_log(tmp_path, segment_bytes=16384)
     for i in range(60):
-        q.append(batch(i, 1))
+        q.append(*batch(i, 1))
     seg, (position, _, header) = closed_segment_record(q)
     q.close()
     with open(seg.path, "r+b") as f:
@@ -207,7 +233,7 @@ def test_damage_in_a_closed_segment_is_named_on_read_and_can_be_skipped(tmp_path
 def test_a_closed_segment_cut_short_leaves_a_hole_and_keeps_later_segments(tmp_path):
     q = make_log(tmp_path, segment_bytes=16384)
     for i in range(60):
-        q.append(batch(i, 1))
+        q.append(*batch(i, 1))
     seg, (position, _, header) = closed_segment_record(q)
     next_base = q.segments[1].base_offset
     q.close()
@@ -215,10 +241,10 @@ def test_a_closed_segment_cut_short_leaves_a_hole_and_keeps_later_segments(tmp_p
     q2 = make_log(tmp_path, segment_bytes=16384)
     assert [r.first_lost_offset for r in q2.cut_reports] == [header.base_offset]
     assert q2.max_offset == 60 and len(q2.segments) == len(q.segments), "later segments are kept"
-    served = codec.decode_many(q2.read(0, 1000, 1 << 30).batches)
+    served = q2.read(0, 1000, 1 << 30).table
     assert served.column("queue_offset").to_pylist() == list(range(header.base_offset))
     with pytest.raises(DamagedRecordError, match="cut by recovery") as info:
         q2.read(header.base_offset, 10, 1 << 30)
     assert info.value.next_offset == next_base
     assert read_all(q2, next_base).column("queue_offset").to_pylist() == list(range(next_base, 60))
-    assert q2.append(batch(60, 1)).base_offset == 60
+    assert q2.append(*batch(60, 1)).base_offset == 60

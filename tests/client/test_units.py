@@ -19,7 +19,7 @@ MQ = MessageQueue("t", 0)
 
 
 def stored(rows: list[dict], base: int = 0) -> pa.Table:
-    return codec.with_store_columns(codec.messages_to_batch(rows), base, 1_700_000_000_000)
+    return codec.with_store_columns(codec.messages_to_batch(rows), base, [1_700_000_000_000], [len(rows)])
 
 
 def messages(n: int, base: int = 0) -> list[Message]:
