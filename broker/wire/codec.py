@@ -290,6 +290,12 @@ def with_store_columns(table: pa.Table, first_offset: int, store_timestamps: Seq
     ``queue_offset`` (first_offset, first_offset+1, ...) and each record's ``store_timestamp``."""
     offsets = np.arange(first_offset, first_offset + table.num_rows, dtype=np.int64)
     stamps = np.repeat(np.asarray(store_timestamps, dtype=np.int64), counts)
-    return table.append_column(STORED_SCHEMA.field("queue_offset"), pa.array(offsets)).append_column(
-        STORED_SCHEMA.field("store_timestamp"), pa.array(stamps).view(TIMESTAMP_MS)
+    return table.append_column(STORED_SCHEMA.field("queue_offset"), _int64_array(offsets, pa.int64())).append_column(
+        STORED_SCHEMA.field("store_timestamp"), _int64_array(stamps, TIMESTAMP_MS)
     )
+
+
+def _int64_array(values: np.ndarray, typ: pa.DataType) -> pa.Array:
+    # Wraps the numpy buffer as is: pa.array(ndarray) would also import pandas on first use,
+    # a quarter-second stall on a broker's first pull.
+    return pa.Array.from_buffers(typ, len(values), [None, pa.py_buffer(values)])
