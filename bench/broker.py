@@ -12,10 +12,9 @@ import threading
 import time
 from pathlib import Path
 
-import grpc
 import pyarrow as pa
 
-from bench.ceiling import OPTIONS, CeilingProcess, push_callable
+from bench.ceiling import CeilingProcess, ceiling_channel, push_callable
 from bench.report import Row, percentile
 from broker.launcher import BrokerProcess
 from broker.wire import codec
@@ -77,7 +76,7 @@ def ingest(workdir: Path, seconds: float, flush: str, rows_per_batch: int = 10_0
 
     def ceiling_run() -> float:
         with CeilingProcess(workdir) as ceiling:
-            channel = grpc.insecure_channel(ceiling.address, options=OPTIONS)
+            channel = ceiling_channel(ceiling.address)
             push = push_callable(channel)
 
             def work(stop, i):
@@ -109,7 +108,7 @@ def sync_sends(workdir: Path, seconds: float, flush: str = "sync") -> tuple[floa
         ours = n / (time.perf_counter() - t0)
         conn.close()
     with CeilingProcess(workdir) as ceiling:
-        channel = grpc.insecure_channel(ceiling.address, options=OPTIONS)
+        channel = ceiling_channel(ceiling.address)
         push = push_callable(channel)
         raw = request.SerializeToString()
         n, t0 = 0, time.perf_counter()
@@ -174,7 +173,7 @@ def backlog_pull(workdir: Path, messages: int, queues: int = 8) -> dict:
     # Ceiling: the same response bytes through the bare transport (server -> client direction
     # approximated by client -> server pushes of equal size).
     with CeilingProcess(workdir) as ceiling:
-        channel = grpc.insecure_channel(ceiling.address, options=OPTIONS)
+        channel = ceiling_channel(ceiling.address)
         push = push_callable(channel)
         chunk = payload * 10
         t1, sent = time.perf_counter(), 0

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import grpc
 
+from connector.client.connection import CHANNEL_OPTIONS
+
 PUSH = "/bench.Ceiling/Push"
 OPTIONS = [("grpc.max_receive_message_length", 256 << 20), ("grpc.max_send_message_length", 256 << 20)]
 
@@ -62,6 +64,12 @@ class CeilingProcess:
         if self.proc:
             self.proc.terminate()
             self.proc.wait()
+
+
+def ceiling_channel(address: str) -> grpc.Channel:
+    """A client channel configured like ``BrokerConnection``'s, so both sides of a comparison
+    pay the same client costs (gRPC's own retry buffering off, for one)."""
+    return grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
 
 
 def push_callable(channel: grpc.Channel):
