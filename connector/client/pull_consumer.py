@@ -15,8 +15,9 @@ import time
 import uuid
 
 from broker.wire import codec
-from broker.wire.errors import InvalidOptionError, LockUnavailableError, OrderlyMQError, QueueOutOfRangeError
+from broker.wire.errors import InvalidOptionError, OrderlyMQError, QueueOutOfRangeError
 from connector.client.connection import BrokerConnection, pb
+from connector.client.locking import lock_queues
 from connector.client.messages import Message, MessageQueue, PullResult
 from connector.client.routes import RouteCache
 
@@ -242,23 +243,12 @@ class PullConsumer:
         ``LockUnavailableError`` naming the holder.
         """
         group = self._require_group("lock")
-        request = pb.LockBatchRequest(group=group, client_id=self.client_id, topic=topic, queue_ids=[queue_id])
-        deadline = time.monotonic() + wait
-        while True:
-            for held in self.connection.call("LockBatch", request).locked:
-                if held.queue_id == queue_id:
-                    self._epochs[MessageQueue(topic, queue_id)] = held.epoch
-                    return held.epoch
-            if time.monotonic() >= deadline:
-                break
-            time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
-        holders = self.connection.call("QueryLocks", pb.QueryLocksRequest(group=group, topic=topic)).locks
-        holder = next((h for h in holders if h.queue_id == queue_id), None)
-        who = f"{holder.client_id} (epoch {holder.epoch})" if holder else "another client"
-        raise LockUnavailableError(
-            f"queue {topic}[{queue_id}] of group {group!r} is locked by {who}; "
-            "it is released when that client unlocks it or its lease expires"
-        )
+        queue = (topic, queue_id)
+        epoch = lock_queues(self.connection, group, self.client_id, [queue], wait,
+                            advice="It is released when that client unlocks it or its lease expires; pass wait= "
+                                   "to wait for it.")[queue]
+        self._epochs[MessageQueue(topic, queue_id)] = epoch
+        return epoch
 
     def unlock(self, topic: str, queue_id: int) -> None:
         """Release the lock of a queue (pulls are no longer fenced)."""

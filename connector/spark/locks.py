@@ -14,7 +14,8 @@ import threading
 import time
 from collections.abc import Iterable
 
-from broker.wire.errors import LockUnavailableError, OrderlyMQError
+from broker.wire.errors import OrderlyMQError
+from connector.client import locking
 from connector.client.connection import BrokerConnection, pb
 from connector.spark.offsets import QueueRef, queues_of
 
@@ -25,33 +26,8 @@ log = logging.getLogger(__name__)
 DEFAULT_RENEW_S = 20.0
 
 
-def _try_lock(conn: BrokerConnection, group: str, client_id: str, topic: str, queue_ids: list[int]) -> dict[int, int]:
-    response = conn.call(
-        "LockBatch", pb.LockBatchRequest(group=group, client_id=client_id, topic=topic, queue_ids=queue_ids)
-    )
-    return {lock.queue_id: lock.epoch for lock in response.locked}
-
-
-def _holder_message(conn: BrokerConnection, group: str, client_id: str, missing: list[QueueRef], waited_ms: int) -> str:
-    holders = []
-    for topic, ids in queues_of(missing).items():
-        try:
-            locks = conn.call("QueryLocks", pb.QueryLocksRequest(group=group, topic=topic)).locks
-        except OrderlyMQError:
-            locks = []
-        by_queue = {lock.queue_id: lock for lock in locks}
-        for queue_id in ids:
-            lock = by_queue.get(queue_id)
-            if lock is not None and lock.client_id and lock.client_id != client_id:
-                left = max(0, lock.expires_at_ms - int(time.time() * 1000))
-                holders.append(f"{topic}/{queue_id} held by client {lock.client_id!r} (lease ends in {left} ms)")
-            else:
-                holders.append(f"{topic}/{queue_id}")
-    return (
-        f"consumer group {group!r}: could not lock queue(s) {', '.join(holders)} for client {client_id!r} within "
-        f"{waited_ms} ms (option lockTimeoutMs). Another live consumer of the group reads them: stop it, use another "
-        "consumerGroup, or raise lockTimeoutMs to wait for its lease to expire"
-    )
+_ADVICE = ("Another live consumer of the group reads them: stop it, use another consumerGroup, or raise the "
+           "option lockTimeoutMs to wait for its lease to expire.")
 
 
 def lock_queues(
@@ -59,24 +35,10 @@ def lock_queues(
 ) -> dict[QueueRef, int]:
     """Lock (or renew) ``queues`` for ``client_id``; ``{queue: epoch}``.
 
-    Waits up to ``timeout_ms`` for queues held by another client, then raises
-    ``LockUnavailableError`` naming the holder.
+    Waits up to ``timeout_ms`` (option lockTimeoutMs) for queues held by another client, then
+    raises ``LockUnavailableError`` naming the holder.
     """
-    wanted = sorted(set(queues))
-    held: dict[QueueRef, int] = {}
-    deadline = time.monotonic() + timeout_ms / 1000
-    delay = 0.05
-    while True:
-        for topic, ids in queues_of(ref for ref in wanted if ref not in held).items():
-            for queue_id, epoch in _try_lock(conn, group, client_id, topic, ids).items():
-                held[(topic, queue_id)] = epoch
-        missing = [ref for ref in wanted if ref not in held]
-        if not missing:
-            return held
-        if time.monotonic() + delay > deadline:
-            raise LockUnavailableError(_holder_message(conn, group, client_id, missing, timeout_ms))
-        time.sleep(delay)
-        delay = min(delay * 2, 1.0)
+    return locking.lock_queues(conn, group, client_id, queues, timeout_ms / 1000, advice=_ADVICE)
 
 
 class LockKeeper:
@@ -143,7 +105,7 @@ class LockKeeper:
             held = list(self._epochs)
         for topic, ids in queues_of(held).items():
             try:
-                granted = _try_lock(self.conn, self.group, self.client_id, topic, ids)
+                granted = locking.try_lock(self.conn, self.group, self.client_id, topic, ids)
             except OrderlyMQError as exc:
                 log.warning("renewing queue locks of %s for %s failed: %s", topic, self.client_id, exc)
                 continue

@@ -127,7 +127,7 @@ def test_lock_fences_a_previous_holder(broker_factory, topic_name):
     ):
         epoch = first.lock(topic_name, 0)
         first.pull(topic_name, 0, 0, 1)
-        with pytest.raises(LockUnavailableError, match="locked by first"):
+        with pytest.raises(LockUnavailableError, match="held by client 'first'"):
             second.lock(topic_name, 0)
         assert second.lock(topic_name, 0, wait=10) > epoch  # granted once the lease of "first" lapses
         with pytest.raises(FencedError):

@@ -1,0 +1,73 @@
+"""Taking queue locks with a deadline: retry ``LockBatch`` while another client holds a queue,
+then fail with a message that names the holder and when its lease ends."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+from broker.wire.errors import LockUnavailableError, OrderlyMQError
+from connector.client.connection import BrokerConnection, pb
+
+__all__ = ["lock_queues", "try_lock"]
+
+Queue = tuple[str, int]  # (topic, queue id)
+
+
+def try_lock(conn: BrokerConnection, group: str, client_id: str, topic: str, queue_ids: list[int]) -> dict[int, int]:
+    """One ``LockBatch``: ``{queue_id: epoch}`` for exactly the queues ``client_id`` now holds."""
+    response = conn.call(
+        "LockBatch", pb.LockBatchRequest(group=group, client_id=client_id, topic=topic, queue_ids=queue_ids)
+    )
+    return {lock.queue_id: lock.epoch for lock in response.locked}
+
+
+def lock_queues(conn: BrokerConnection, group: str, client_id: str, queues: Iterable[Queue], timeout_s: float,
+                *, advice: str) -> dict[Queue, int]:
+    """Lock (or renew) ``queues`` for ``client_id``; ``{queue: epoch}``.
+
+    Retries with backoff for up to ``timeout_s`` while other clients hold some of them, then
+    raises ``LockUnavailableError`` naming each holder, followed by ``advice`` (what to do).
+    """
+    wanted = sorted(set(queues))
+    held: dict[Queue, int] = {}
+    deadline = time.monotonic() + timeout_s
+    delay = 0.05
+    while True:
+        for topic, ids in _by_topic(q for q in wanted if q not in held).items():
+            held.update({(topic, queue_id): epoch for queue_id, epoch in try_lock(conn, group, client_id, topic, ids).items()})
+        missing = [q for q in wanted if q not in held]
+        if not missing:
+            return held
+        if time.monotonic() + delay > deadline:
+            raise LockUnavailableError(
+                f"consumer group {group!r}: could not lock queue(s) {', '.join(_holders(conn, group, client_id, missing))} "
+                f"for client {client_id!r} within {round(timeout_s * 1000)} ms. {advice}"
+            )
+        time.sleep(delay)
+        delay = min(delay * 2, 1.0)
+
+
+def _by_topic(queues: Iterable[Queue]) -> dict[str, list[int]]:
+    grouped: dict[str, list[int]] = {}
+    for topic, queue_id in queues:
+        grouped.setdefault(topic, []).append(queue_id)
+    return grouped
+
+
+def _holders(conn: BrokerConnection, group: str, client_id: str, missing: list[Queue]) -> list[str]:
+    described = []
+    for topic, ids in _by_topic(missing).items():
+        try:
+            locks = {lock.queue_id: lock for lock in conn.call("QueryLocks", pb.QueryLocksRequest(group=group, topic=topic)).locks}
+        except OrderlyMQError:
+            locks = {}
+        for queue_id in ids:
+            lock = locks.get(queue_id)
+            if lock is not None and lock.client_id and lock.client_id != client_id:
+                left = max(0, lock.expires_at_ms - int(time.time() * 1000))
+                described.append(f"{topic}/{queue_id} held by client {lock.client_id!r} (epoch {lock.epoch}, lease ends "
+                                 f"in {left} ms)")
+            else:
+                described.append(f"{topic}/{queue_id}")
+    return described
