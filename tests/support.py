@@ -2,11 +2,30 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
 import pyarrow as pa
 
 from broker.launcher import BrokerProcess  # noqa: F401 - re-exported for tests
 from broker.wire import codec
 from connector.client.connection import BrokerConnection, pb
+
+T = TypeVar("T")
+
+
+def wait_until(predicate: Callable[[], T], timeout: float = 30.0, interval: float = 0.05) -> T:
+    """Poll ``predicate`` until it returns a true value or ``timeout`` passes; returns its last
+    value, so ``assert wait_until(...)`` fails only if it never held (a liveness wait, not a timing
+    assertion) and a caller may still use the value."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    return predicate()
 
 
 class FakeClock:

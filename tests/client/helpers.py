@@ -5,7 +5,6 @@ from __future__ import annotations
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable
 
 from connector.client import ConsumeOrderlyStatus, Message, Producer
 
@@ -23,16 +22,6 @@ FAST = dict(
 )
 # Broker settings to match: a lock lease of 1.5 s and members expiring 1 s after their last heartbeat.
 FAST_BROKER = dict(lock_lease_ms=1500, consumer_timeout_ms=1000)
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 20.0, interval: float = 0.05) -> bool:
-    """Poll ``predicate`` until it holds or ``timeout`` passes; returns its last value."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return predicate()
 
 
 def send_keyed(producer: Producer, topic: str, keys: list, per_key: int, start: dict | None = None, **kw) -> dict:

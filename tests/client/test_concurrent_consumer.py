@@ -14,8 +14,9 @@ from connector.client import (
     dlq_topic,
     retry_topic,
 )
+from tests.support import wait_until
 
-from .helpers import FAST, FAST_BROKER, send_keyed, wait_until
+from .helpers import FAST, FAST_BROKER, send_keyed
 
 OK = ConsumeConcurrentlyStatus.CONSUME_SUCCESS
 LATER = ConsumeConcurrentlyStatus.RECONSUME_LATER

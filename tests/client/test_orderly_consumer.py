@@ -21,8 +21,9 @@ from connector.client import (
     dlq_topic,
 )
 from connector.errors import InvalidOptionError, TopicNotFoundError
+from tests.support import wait_until
 
-from .helpers import FAST, FAST_BROKER, OrderLog, send_keyed, wait_until
+from .helpers import FAST, FAST_BROKER, OrderLog, send_keyed
 
 SUCCESS = ConsumeOrderlyStatus.SUCCESS
 SUSPEND = ConsumeOrderlyStatus.SUSPEND_CURRENT_QUEUE_A_MOMENT

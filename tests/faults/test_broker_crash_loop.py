@@ -21,11 +21,12 @@ from bisect import bisect_left, bisect_right
 
 from connector.client import Admin
 from connector.client.connection import BrokerConnection
-from tests.client.helpers import FAST_BROKER, wait_until
+from tests.client.helpers import FAST_BROKER
 from tests.faults.fault_profile import PROFILE
 from tests.faults.history import History, check
 from tests.faults.workload import KeyedProducer, shutdown_all, start_orderly_group, stored_deliveries
 from tests.spark.helpers import committed
+from tests.support import wait_until
 
 TOPIC, GROUP, QUEUES = "orders", "order-service", 4
 FLUSH_INTERVAL_MS = 500

@@ -17,13 +17,12 @@ from broker.wire.errors import TopicNotFoundError
 from connector.client import Admin, Producer
 from connector.client.connection import BrokerConnection, pb
 from connector.spark.transactions import SINK_LOG_TOPIC
-from tests.client.helpers import wait_until
 from tests.faults.fault_profile import PROFILE
 from tests.faults.history import History, check
 from tests.faults.workload import body, parse_body, stored_deliveries
 from tests.jobs.cluster import ROOT, SPARK_HOME, StandaloneCluster
 from tests.spark.helpers import committed
-from tests.support import pull_all
+from tests.support import pull_all, wait_until
 
 SOURCE, SINK, GROUP, QUEUES = "account-events", "account-notices", "notifier", 4
 JOB = Path(__file__).with_name("spark_pipeline.py")

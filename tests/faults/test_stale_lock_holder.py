@@ -20,12 +20,11 @@ from pathlib import Path
 
 from connector.client import Admin
 from connector.client.connection import BrokerConnection, pb
-from tests.client.helpers import wait_until
 from tests.faults.fault_profile import PROFILE
 from tests.faults.history import Delivery, History, check
 from tests.faults.workload import body
 from tests.spark.helpers import committed
-from tests.support import send_rows
+from tests.support import send_rows, wait_until
 
 TOPIC, GROUP, QUEUES, KEYS = "payments", "settlement", 2, 6
 LEASE_MS = 1500

@@ -7,7 +7,6 @@ routing function, so the tests check the connector against the broker and nothin
 from __future__ import annotations
 
 import json
-import time
 from collections import defaultdict
 
 from broker.wire import codec
@@ -71,14 +70,3 @@ def committed(conn: BrokerConnection, group: str, topic: str) -> dict[int, int]:
         for q in range(count)
     }
 
-
-def wait_for(predicate, timeout: float = 60.0, interval: float = 0.1):
-    """Poll ``predicate`` until it returns a true value (a liveness wait, not a timing assertion)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s")
-        time.sleep(interval)

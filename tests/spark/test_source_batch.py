@@ -9,7 +9,8 @@ import pytest
 
 from broker.wire import codec
 from connector.client.connection import pb
-from tests.spark.helpers import by_key, create_topic, keyed_events, produce, rows_by_key, wait_for
+from tests.spark.helpers import by_key, create_topic, keyed_events, produce, rows_by_key
+from tests.support import wait_until
 
 pytestmark = pytest.mark.spark
 
@@ -74,9 +75,10 @@ def test_retention_and_fail_on_data_loss(ospark, broker_factory, topic_name):
         create_topic(conn, topic_name, 1)
         for start in range(0, 12, 3):
             produce(conn, topic_name, 1, keyed_events(1, 3, start=start))
-        low = wait_for(
-            lambda: conn.call("QueryOffsets", pb.QueryOffsetsRequest(topic=topic_name, queue_id=0)).min_offset
+        low = wait_until(
+            lambda: conn.call("QueryOffsets", pb.QueryOffsetsRequest(topic=topic_name, queue_id=0)).min_offset, 60
         )
+        assert low, "retention never removed a segment"
     from_zero = f'{{"{topic_name}": {{"0": 0}}}}'
     with pytest.raises(Exception, match=r"removed by retention.*failOnDataLoss=false"):
         read(ospark, broker.address, topic_name, startingOffsets=from_zero).collect()

@@ -8,7 +8,8 @@ import threading
 import pytest
 
 from connector.client.connection import pb
-from tests.spark.helpers import by_key, committed, create_topic, keyed_events, produce, rows_by_key, wait_for
+from tests.spark.helpers import by_key, committed, create_topic, keyed_events, produce, rows_by_key
+from tests.support import wait_until
 
 pytestmark = pytest.mark.spark
 
@@ -90,19 +91,19 @@ def test_stream_reads_events_produced_while_running_in_order(ospark, leased, top
             produce(conn, topic_name, 3, events)
             produced += events
             expected = len(produced)
-            wait_for(lambda: len(collector.rows()) >= expected or query.exception())  # noqa: B023
+            assert wait_until(lambda: len(collector.rows()) >= expected or query.exception(), 60)  # noqa: B023
         assert query.exception() is None
         assert rows_by_key(collector.rows()) == by_key(produced)
         # The group's offsets reach the end of every queue once the batch that read it has completed.
         ends = queue_ends(conn, topic_name, 3)
         assert sum(ends.values()) == len(produced)
-        wait_for(lambda: committed(conn, "g1", topic_name) == ends or query.exception())
+        assert wait_until(lambda: committed(conn, "g1", topic_name) == ends or query.exception(), 60)
         assert query.exception() is None
     finally:
         query.stop()
     assert query.exception() is None
     # The locks do not outlive the query: released by stop(), or else expired with their lease.
-    wait_for(lambda: not held_locks(conn, "g1", topic_name), timeout=30)
+    assert wait_until(lambda: not held_locks(conn, "g1", topic_name), timeout=30)
 
 
 def test_restart_from_checkpoint_neither_loses_nor_duplicates(ospark, broker, conn, topic_name, tmp_path):
@@ -136,8 +137,10 @@ def test_second_query_of_the_group_is_refused_until_the_first_stops(ospark, leas
         .start()
     )
     try:
-        wait_for(lambda: len(holder.rows()) >= 6 or first.exception())
-        holder_id = wait_for(lambda: held_locks(conn, "g3", topic_name))[0]
+        assert wait_until(lambda: len(holder.rows()) >= 6 or first.exception(), 60)
+        holders = wait_until(lambda: held_locks(conn, "g3", topic_name), 60)
+        assert holders
+        holder_id = holders[0]
         rival = stream(ospark, broker, topic_name, "g3", lockTimeoutMs=300)
         query = rival.writeStream.foreachBatch(Collector()).option("checkpointLocation", str(tmp_path / "b"))
         query = query.trigger(availableNow=True).start()
