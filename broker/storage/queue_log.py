@@ -249,26 +249,25 @@ class QueueLog:
                     f"messages {position}..{seg.base_offset - 1} of {self.directory.parent.name}/"
                     f"{self.directory.name} were cut by recovery after disk damage; pull from offset "
                     f"{seg.base_offset} to skip them", seg.base_offset)
-            for pos, raw, header in seg.headers_from(position):
-                if header.base_offset >= end:
-                    break
-                try:
-                    body = seg.read_body(pos, header, raw)
-                except DamagedRecordError:
-                    if count:  # serve what precedes the damage; the next pull names it
+            try:
+                for header, body in seg.records_from(position):
+                    if header.base_offset >= end:
+                        break
+                    take = min(header.next_offset - position, max_messages - count)
+                    if not bodies:
+                        first_base = header.base_offset
+                    bodies.append(body)
+                    stamps.append(header.store_ts)
+                    counts.append(take)
+                    count += take
+                    size += len(body)
+                    position += take
+                    if count >= max_messages or size >= max_bytes:
                         return bodies, stamps, counts, first_base
-                    raise
-                take = min(header.next_offset - position, max_messages - count)
-                if not bodies:
-                    first_base = header.base_offset
-                bodies.append(body)
-                stamps.append(header.store_ts)
-                counts.append(take)
-                count += take
-                size += len(body)
-                position += take
-                if count >= max_messages or size >= max_bytes:
+            except DamagedRecordError:
+                if count:  # serve what precedes the damage; the next pull names it
                     return bodies, stamps, counts, first_base
+                raise
             if position >= end:
                 break
         return bodies, stamps, counts, first_base

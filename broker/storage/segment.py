@@ -21,6 +21,7 @@ __all__ = ["CutReport", "Segment"]
 log = logging.getLogger(__name__)
 
 _INDEX_MAGIC = 0x58444E49  # "INDX"
+_READ_AHEAD = 256 * 1024  # bytes read at once when scanning records for a pull
 
 
 @dataclass(frozen=True)
@@ -155,15 +156,24 @@ class Segment:
 
     # -- reading -------------------------------------------------------------------------------
 
-    def headers_from(self, offset: int):
-        """Yield ``(position, raw_header, header)`` for records from the one holding ``offset``."""
+    def records_from(self, offset: int):
+        """Yield ``(header, body)`` for the records from the one holding ``offset``; raises
+        ``DamagedRecordError`` on reaching a bad header or a body that fails its checksum.
+
+        Reads the file in chunks of at least ``_READ_AHEAD`` bytes, so small records do not cost
+        two system calls each; a body larger than that is read on its own.
+        """
         count = len(self._index) // 3
         i = self._floor_entry(offset)
         position = self._index[i * 3 + 1] if count else 0
         expected = self._index[i * 3] if count else self.base_offset
         end = self.size
+        chunk, chunk_start = b"", position
         while position < end:
-            raw = os.pread(self.fd, HEADER.size, position)
+            if position + HEADER.size > chunk_start + len(chunk):
+                chunk, chunk_start = os.pread(self.fd, min(_READ_AHEAD, end - position), position), position
+            at = position - chunk_start
+            raw = chunk[at:at + HEADER.size]
             header = parse_header(raw)
             if header is None:
                 raise DamagedRecordError(
@@ -172,7 +182,19 @@ class Segment:
                     self.next_offset,
                 )
             if header.next_offset > offset:
-                yield position, raw, header
+                body_at = at + HEADER.size
+                if body_at + header.body_len <= len(chunk):
+                    body = chunk[body_at:body_at + header.body_len]
+                else:
+                    body = os.pread(self.fd, header.body_len, position + HEADER.size)
+                if len(body) != header.body_len or not verify(raw, body, header):
+                    raise DamagedRecordError(
+                        f"messages {header.base_offset}..{header.next_offset - 1} are damaged on disk (checksum "
+                        f"mismatch in {self.path} at byte {position}); pull from offset {header.next_offset} to "
+                        "skip them",
+                        header.next_offset,
+                    )
+                yield header, body
             expected = header.next_offset
             position += header.size
 
@@ -186,16 +208,6 @@ class Segment:
             else:
                 hi = mid
         return max(lo - 1, 0)
-
-    def read_body(self, position: int, header: RecordHeader, raw_header: bytes) -> bytes:
-        body = os.pread(self.fd, header.body_len, position + HEADER.size)
-        if len(body) != header.body_len or not verify(raw_header, body, header):
-            raise DamagedRecordError(
-                f"messages {header.base_offset}..{header.next_offset - 1} are damaged on disk (checksum "
-                f"mismatch in {self.path} at byte {position}); pull from offset {header.next_offset} to skip them",
-                header.next_offset,
-            )
-        return body
 
     def offset_at_or_after(self, timestamp: int) -> int | None:
         """First offset with store_ts >= timestamp in this segment, or None."""

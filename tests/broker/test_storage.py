@@ -8,6 +8,7 @@ import pyarrow as pa
 import pytest
 
 from broker.storage import QueueLog, Store
+from broker.storage.record import HEADER, parse_header
 from broker.wire import codec
 from broker.wire.errors import (
     DamagedRecordError,
@@ -202,9 +203,14 @@ def test_store_topics_persist_and_errors_name_the_problem(tmp_path):
 
 
 def closed_segment_record(q: QueueLog):
-    """(segment, position, header) of the middle record of the first closed segment."""
+    """(segment, (position, raw header, header)) of the middle record of the first closed segment."""
     seg = q.segments[0]
-    records = list(seg.headers_from(seg.base_offset))
+    data, records, position = seg.path.read_bytes(), [], 0
+    while position < len(data):
+        raw = data[position:position + HEADER.size]
+        header = parse_header(raw)
+        records.append((position, raw, header))
+        position += header.size
     return seg, records[len(records) // 2]
 
 
@@ -228,6 +234,23 @@ def test_damage_in_a_closed_segment_is_named_on_read_and_can_be_skipped(tmp_path
     assert info.value.next_offset == header.next_offset
     rest = read_all(q2, header.next_offset)
     assert rest.column("queue_offset").to_pylist() == list(range(header.next_offset, 60))
+
+
+def test_a_bad_header_in_a_closed_segment_is_served_up_to_and_named_on_read(tmp_path):
+    q = make_log(tmp_path, segment_bytes=16384)
+    for i in range(60):
+        q.append(*batch(i, 1))
+    seg, (position, _, header) = closed_segment_record(q)
+    q.close()
+    with open(seg.path, "r+b") as f:
+        f.seek(position)
+        f.write(b"\x00\x00\x00\x00")  # the record's magic
+    q2 = make_log(tmp_path, segment_bytes=16384)
+    served = q2.read(0, 1000, 1 << 30)
+    assert served.table.column("body").to_pylist() == [f"k-{i}".encode() for i in range(header.base_offset)]
+    with pytest.raises(DamagedRecordError, match="bad record header") as info:
+        q2.read(header.base_offset, 1000, 1 << 30)
+    assert info.value.next_offset == q2.segments[1].base_offset, "the rest of the segment cannot be framed"
 
 
 def test_a_closed_segment_cut_short_leaves_a_hole_and_keeps_later_segments(tmp_path):
