@@ -202,8 +202,12 @@ def test_store_topics_persist_and_errors_name_the_problem(tmp_path):
 
 
 
-def closed_segment_record(q: QueueLog):
-    """(segment, (position, raw header, header)) of the middle record of the first closed segment."""
+def with_closed_segment(tmp_path):
+    """A closed log of 60 one-message records over several segments, and the (position, raw
+    header, header) of the middle record of its first, closed, segment."""
+    q = make_log(tmp_path, segment_bytes=16384)
+    for i in range(60):
+        q.append(*batch(i, 1))
     seg = q.segments[0]
     data, records, position = seg.path.read_bytes(), [], 0
     while position < len(data):
@@ -211,15 +215,12 @@ def closed_segment_record(q: QueueLog):
         header = parse_header(raw)
         records.append((position, raw, header))
         position += header.size
-    return seg, records[len(records) // 2]
+    q.close()
+    return q, seg, records[len(records) // 2]
 
 
 def test_damage_in_a_closed_segment_is_named_on_read_and_can_be_skipped(tmp_path):
-    q = make_log(tmp_path, segment_bytes=16384)
-    for i in range(60):
-        q.append(*batch(i, 1))
-    seg, (position, _, header) = closed_segment_record(q)
-    q.close()
+    _, seg, (position, _, header) = with_closed_segment(tmp_path)
     with open(seg.path, "r+b") as f:
         f.seek(position + header.size - 5)
         byte = f.read(1)
@@ -237,11 +238,7 @@ def test_damage_in_a_closed_segment_is_named_on_read_and_can_be_skipped(tmp_path
 
 
 def test_a_bad_header_in_a_closed_segment_is_served_up_to_and_named_on_read(tmp_path):
-    q = make_log(tmp_path, segment_bytes=16384)
-    for i in range(60):
-        q.append(*batch(i, 1))
-    seg, (position, _, header) = closed_segment_record(q)
-    q.close()
+    _, seg, (position, _, header) = with_closed_segment(tmp_path)
     with open(seg.path, "r+b") as f:
         f.seek(position)
         f.write(b"\x00\x00\x00\x00")  # the record's magic
@@ -254,12 +251,8 @@ def test_a_bad_header_in_a_closed_segment_is_served_up_to_and_named_on_read(tmp_
 
 
 def test_a_closed_segment_cut_short_leaves_a_hole_and_keeps_later_segments(tmp_path):
-    q = make_log(tmp_path, segment_bytes=16384)
-    for i in range(60):
-        q.append(*batch(i, 1))
-    seg, (position, _, header) = closed_segment_record(q)
+    q, seg, (position, _, header) = with_closed_segment(tmp_path)
     next_base = q.segments[1].base_offset
-    q.close()
     os.truncate(seg.path, position + 10)  # cut inside a record header
     q2 = make_log(tmp_path, segment_bytes=16384)
     assert [r.first_lost_offset for r in q2.cut_reports] == [header.base_offset]
