@@ -266,12 +266,12 @@ class BrokerService(pb_grpc.OrderlyMQServicer):
         already, staged = self.txns.prepare_commit(txn_id)
         if already:
             return True, 0
-        per_queue: dict[tuple[str, int], list[pa.Table]] = defaultdict(list)
+        per_queue: dict[tuple[str, int], list[bytes]] = defaultdict(list)
         for topic, queue_id, payload in staged:
-            per_queue[(topic, queue_id)].append(codec.decode(payload))
+            per_queue[(topic, queue_id)].append(payload)
         count = 0
-        for (topic, queue_id), tables in per_queue.items():
-            table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+        for (topic, queue_id), payloads in per_queue.items():
+            table = codec.decode_records(payloads)  # staged sends are message_batch bodies, like records
             self.store.queue(topic, queue_id).append(codec.encode(table), table.num_rows, f"txn:{txn_id}", 0)
             count += table.num_rows
         self.txns.mark_committed(txn_id)
