@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from broker.wire.errors import LockUnavailableError, OrderlyMQError
 from connector.client.connection import BrokerConnection, pb
 
-__all__ = ["lock_queues", "try_lock"]
+__all__ = ["lock_queues", "queues_by_topic", "try_lock"]
 
 Queue = tuple[str, int]  # (topic, queue id)
 
@@ -34,40 +34,42 @@ def lock_queues(conn: BrokerConnection, group: str, client_id: str, queues: Iter
     deadline = time.monotonic() + timeout_s
     delay = 0.05
     while True:
-        for topic, ids in _by_topic(q for q in wanted if q not in held).items():
-            held.update({(topic, queue_id): epoch for queue_id, epoch in try_lock(conn, group, client_id, topic, ids).items()})
+        for topic, ids in queues_by_topic(q for q in wanted if q not in held).items():
+            granted = try_lock(conn, group, client_id, topic, ids)
+            held.update({(topic, queue_id): epoch for queue_id, epoch in granted.items()})
         missing = [q for q in wanted if q not in held]
         if not missing:
             return held
         if time.monotonic() + delay > deadline:
-            raise LockUnavailableError(
-                f"consumer group {group!r}: could not lock queue(s) {', '.join(_holders(conn, group, client_id, missing))} "
-                f"for client {client_id!r} within {round(timeout_s * 1000)} ms. {advice}"
-            )
+            holders = ", ".join(_holders(conn, group, client_id, missing))
+            raise LockUnavailableError(f"consumer group {group!r}: could not lock queue(s) {holders} for client "
+                                       f"{client_id!r} within {round(timeout_s * 1000)} ms. {advice}")
         time.sleep(delay)
         delay = min(delay * 2, 1.0)
 
 
-def _by_topic(queues: Iterable[Queue]) -> dict[str, list[int]]:
+def queues_by_topic(queues: Iterable[Queue]) -> dict[str, list[int]]:
+    """``{topic: sorted queue ids}`` of some queues (duplicates dropped)."""
     grouped: dict[str, list[int]] = {}
-    for topic, queue_id in queues:
+    for topic, queue_id in sorted(set(queues)):
         grouped.setdefault(topic, []).append(queue_id)
     return grouped
 
 
 def _holders(conn: BrokerConnection, group: str, client_id: str, missing: list[Queue]) -> list[str]:
     described = []
-    for topic, ids in _by_topic(missing).items():
+    for topic, ids in queues_by_topic(missing).items():
         try:
-            locks = {lock.queue_id: lock for lock in conn.call("QueryLocks", pb.QueryLocksRequest(group=group, topic=topic)).locks}
+            response = conn.call("QueryLocks", pb.QueryLocksRequest(group=group, topic=topic))
         except OrderlyMQError:
-            locks = {}
+            response = pb.QueryLocksResponse()
+        locks = {lock.queue_id: lock for lock in response.locks}
         for queue_id in ids:
             lock = locks.get(queue_id)
             if lock is not None and lock.client_id and lock.client_id != client_id:
                 left = max(0, lock.expires_at_ms - int(time.time() * 1000))
-                described.append(f"{topic}/{queue_id} held by client {lock.client_id!r} (epoch {lock.epoch}, lease ends "
-                                 f"in {left} ms)")
+                described.append(f"{topic}/{queue_id} held by client {lock.client_id!r} "
+                                 f"(epoch {lock.epoch}, lease ends in {left} ms)")
             else:
                 described.append(f"{topic}/{queue_id}")
     return described

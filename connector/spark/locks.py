@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from broker.wire.errors import OrderlyMQError
 from connector.client import locking
 from connector.client.connection import BrokerConnection, pb
-from connector.spark.offsets import QueueRef, queues_of
+from connector.spark.offsets import QueueRef
 
 __all__ = ["LockKeeper", "lock_queues"]
 
@@ -103,7 +103,7 @@ class LockKeeper:
         """Renew every held lock once; a lock found lost is dropped (and re-taken when next needed)."""
         with self._mutex:
             held = list(self._epochs)
-        for topic, ids in queues_of(held).items():
+        for topic, ids in locking.queues_by_topic(held).items():
             try:
                 granted = locking.try_lock(self.conn, self.group, self.client_id, topic, ids)
             except OrderlyMQError as exc:
@@ -125,7 +125,7 @@ class LockKeeper:
             self._thread.join(timeout=5)
         with self._mutex:
             held, self._epochs = list(self._epochs), {}
-        for topic, ids in queues_of(held).items():
+        for topic, ids in locking.queues_by_topic(held).items():
             try:
                 self.conn.call(
                     "UnlockBatch",

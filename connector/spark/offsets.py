@@ -13,11 +13,11 @@ their JSON: the same positions must always serialize the same way.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 from broker.wire.errors import InvalidOptionError
 
-__all__ = ["Positions", "QueueRef", "admit", "client_id_of", "positions_of", "queues_of", "to_json"]
+__all__ = ["Positions", "QueueRef", "admit", "client_id_of", "positions_of", "to_json"]
 
 QueueRef = tuple[str, int]
 Positions = dict[QueueRef, int]
@@ -85,9 +85,3 @@ def admit(start: Mapping[QueueRef, int], latest: Mapping[QueueRef, int], max_row
     return admitted
 
 
-def queues_of(positions: Iterable[QueueRef]) -> dict[str, list[int]]:
-    """``{topic: sorted queue ids}`` of some queue refs."""
-    out: dict[str, list[int]] = {}
-    for topic, queue_id in sorted(set(positions)):
-        out.setdefault(topic, []).append(queue_id)
-    return out
