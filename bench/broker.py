@@ -243,11 +243,7 @@ def pipelined_sends(workdir: Path, messages: int, queues: int = 8) -> float:
             rate = messages / (time.perf_counter() - t0)
         stored = _stored_sequences(conn, "pipe", queues)
         conn.close()
-    for key, seqs in stored.items():
-        if seqs != sorted(seqs):
-            raise AssertionError(f"{key}: messages out of order")
-    if sum(map(len, stored.values())) != messages:
-        raise AssertionError(f"{sum(map(len, stored.values()))} of {messages} pipelined messages stored")
+    _check_numbered(stored, messages, "pipelined sends")
     return rate
 
 
@@ -265,6 +261,14 @@ def _stored_sequences(conn: BrokerConnection, topic: str, queues: int) -> dict[s
             if offset >= resp.max_offset:
                 break
     return stored
+
+
+def _check_numbered(stored: dict[str, list[int]], sent: int, what: str) -> None:
+    """Messages numbered 0..sent-1 across keys: every number stored once, each key's in order."""
+    if sorted(s for seqs in stored.values() for s in seqs) != list(range(sent)):
+        raise AssertionError(f"{what}: messages lost or duplicated")
+    if any(seqs != sorted(seqs) for seqs in stored.values()):
+        raise AssertionError(f"{what}: a key's messages are out of order")
 
 
 def _numbered(template: bytes, seq: int) -> bytes:
@@ -318,9 +322,7 @@ def producer_sync_sends(workdir: Path, seconds: float) -> float:
             rate = n / (time.perf_counter() - t0)
         stored = _stored_sequences(conn, "sync", 8)
         conn.close()
-    if sorted(s for seqs in stored.values() for s in seqs) != list(range(n)) or any(
-            seqs != sorted(seqs) for seqs in stored.values()):
-        raise AssertionError("Producer.send: messages lost, duplicated or out of order")
+    _check_numbered(stored, n, "Producer.send")
     return rate
 
 
