@@ -280,7 +280,8 @@ def decode_records(bodies: Sequence[bytes]) -> pa.Table:
     if len(bodies) > 1 and all(body.startswith(prefix) for body in bodies):
         messages = (memoryview(body)[len(prefix):-len(_END_OF_STREAM)] for body in bodies)
         return pa.ipc.open_stream(b"".join([prefix, *messages, _END_OF_STREAM])).read_all()  # loops in C++
-    tables = [t if t.num_columns == len(MESSAGE_SCHEMA) else t.select(MESSAGE_SCHEMA.names) for t in map(decode, bodies)]
+    tables = [t if t.num_columns == len(MESSAGE_SCHEMA) else t.select(MESSAGE_SCHEMA.names)
+              for t in map(decode, bodies)]
     return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
 
 

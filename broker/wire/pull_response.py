@@ -2,8 +2,9 @@
 
 A pull moves megabytes of Arrow batches. Building a ``pb.PullResponse`` copies every batch into
 the message and ``SerializeToString`` copies it again; writing the ``batches`` fields by hand after
-the serialized scalar fields, straight from the parts of the encoded batch, copies it once. Protobuf parsers merge concatenated messages
-(repeated fields append), so the result parses as the same ``PullResponse``.
+the serialized scalar fields, straight from the parts of the encoded batch, copies it once.
+Protobuf parsers merge concatenated messages (repeated fields append), so the result parses as
+the same ``PullResponse``.
 """
 
 from __future__ import annotations
