@@ -4,6 +4,9 @@ The offset is the next one the group will read (RocketMQ's consumer offset). Any
 committed, backwards too: that is how a group is reset (RocketMQ's ``resetOffset``). Forward-only
 progress among concurrent consumers is enforced by the lock epoch, checked before ``commit``.
 
+Each offset remembers the client id that committed it (empty for an unfenced commit), so a consumer
+can tell whether another client of its group moved the group's position.
+
 The whole table is one JSON file replaced atomically on every change: the table is small (groups x
 queues) and a single file can never be half old, half new after a crash.
 """
@@ -18,7 +21,8 @@ from broker.wire.errors import InvalidRequestError
 
 __all__ = ["OffsetStore"]
 
-_STATE_VERSION = 1
+_STATE_VERSION = 2
+_READABLE_VERSIONS = (1, 2)  # version 1 stored bare offsets, without the committer
 
 
 class OffsetStore:
@@ -37,12 +41,13 @@ class OffsetStore:
     def __init__(self, path: Path):
         self._path = Path(path)
         self._mutex = threading.Lock()
-        # group -> topic -> queue_id -> offset
-        self._offsets: dict[str, dict[str, dict[int, int]]] = {}
+        # group -> topic -> queue_id -> (offset, client id that committed it)
+        self._offsets: dict[str, dict[str, dict[int, tuple[int, str]]]] = {}
         self._load()
 
-    def commit(self, group: str, topic: str, queue_id: int, offset: int) -> None:
-        """Record ``offset`` as the group's position in the queue; durable before returning.
+    def commit(self, group: str, topic: str, queue_id: int, offset: int, client_id: str = "") -> None:
+        """Record ``offset`` as the group's position in the queue, committed by ``client_id``;
+        durable before returning.
 
         Raises
         ------
@@ -56,23 +61,27 @@ class OffsetStore:
             )
         with self._mutex:
             per_queue = self._offsets.get(group, {}).get(topic, {})
-            if per_queue.get(queue_id) == offset:
+            if per_queue.get(queue_id) == (offset, client_id):
                 return  # already durable
             updated = {g: {t: dict(q) for t, q in topics.items()} for g, topics in self._offsets.items()}
-            updated.setdefault(group, {}).setdefault(topic, {})[queue_id] = offset
+            updated.setdefault(group, {}).setdefault(topic, {})[queue_id] = (offset, client_id)
             self._save(updated)
             self._offsets = updated
 
     def get(self, group: str, topic: str, queue_id: int) -> int:
         """The committed offset, or -1 when the group never committed for this queue."""
+        return self.committed(group, topic, queue_id)[0]
+
+    def committed(self, group: str, topic: str, queue_id: int) -> tuple[int, str]:
+        """``(offset, committing client id)``; ``(-1, "")`` when the group never committed here."""
         _check(group, topic, queue_id)
         with self._mutex:
-            return self._offsets.get(group, {}).get(topic, {}).get(queue_id, -1)
+            return self._offsets.get(group, {}).get(topic, {}).get(queue_id, (-1, ""))
 
     def group_offsets(self, group: str, topic: str) -> dict[int, int]:
         """``queue_id -> offset`` for every queue of ``topic`` the group committed."""
         with self._mutex:
-            return dict(sorted(self._offsets.get(group, {}).get(topic, {}).items()))
+            return {q: o for q, (o, _) in sorted(self._offsets.get(group, {}).get(topic, {}).items())}
 
     def groups(self) -> list[str]:
         """Every group with at least one committed offset, sorted."""
@@ -90,18 +99,19 @@ class OffsetStore:
             self._offsets = updated
 
     def _load(self) -> None:
-        load_state(self._path, _STATE_VERSION, "offset file", self._parse_state)
+        load_state(self._path, _READABLE_VERSIONS, "offset file", self._parse_state)
 
     def _parse_state(self, state: dict) -> None:
         for group, topics in state["offsets"].items():
             for topic, queues in topics.items():
-                for qid, offset in queues.items():
-                    self._offsets.setdefault(group, {}).setdefault(topic, {})[int(qid)] = int(offset)
+                for qid, entry in queues.items():
+                    offset, client_id = (entry, "") if state["version"] == 1 else entry
+                    self._offsets.setdefault(group, {}).setdefault(topic, {})[int(qid)] = (int(offset), str(client_id))
 
-    def _save(self, offsets: dict[str, dict[str, dict[int, int]]]) -> None:
+    def _save(self, offsets: dict[str, dict[str, dict[int, tuple[int, str]]]]) -> None:
         # JSON object keys are strings: queue ids are written as "0", "1", ... and parsed back on load.
         doc = {
-            g: {t: {str(q): o for q, o in queues.items()} for t, queues in topics.items()}
+            g: {t: {str(q): list(entry) for q, entry in queues.items()} for t, queues in topics.items()}
             for g, topics in offsets.items()
         }
         write_json_atomic(self._path, {"version": _STATE_VERSION, "offsets": doc})

@@ -103,14 +103,16 @@ def read_json(path: Path, default: Any) -> Any:
         ) from exc
 
 
-def load_state(path: Path, version: int, what: str, parse: Callable[[dict[str, Any]], None]) -> None:
-    """Hand a versioned state file (``{"version": N, ...}``) to ``parse``; a missing file is no
-    state, and a malformed one raises ``InternalBrokerError`` naming ``what`` and the path."""
+def load_state(path: Path, versions: int | tuple[int, ...], what: str, parse: Callable[[dict[str, Any]], None]) -> None:
+    """Hand a versioned state file (``{"version": N, ...}``, N one of ``versions``) to ``parse``; a
+    missing file is no state, and a malformed one raises ``InternalBrokerError`` naming ``what`` and
+    the path."""
+    versions = (versions,) if isinstance(versions, int) else versions
     state = read_json(path, None)
     if state is None:
         return
     try:
-        if state.get("version") != version:
+        if state.get("version") not in versions:
             raise ValueError(f"unsupported version {state.get('version')!r}")
         parse(state)
     except (AttributeError, KeyError, TypeError, ValueError) as exc:

@@ -22,6 +22,7 @@ from broker.config import BrokerConfig
 from broker.locks import LockManager
 from broker.membership import Membership
 from broker.offsets import OffsetStore
+from broker.persist import wall_ms
 from broker.proto import orderlymq_pb2 as pb
 from broker.proto import orderlymq_pb2_grpc as pb_grpc
 from broker.storage import Store
@@ -197,14 +198,15 @@ class BrokerService(pb_grpc.OrderlyMQServicer):
                 f"cannot commit offset {request.offset} for {request.topic}/{request.queue_id}: "
                 f"only {queue.max_offset} messages have been stored"
             )
-        self.offsets.commit(request.group, request.topic, request.queue_id, request.offset)
+        self.offsets.commit(request.group, request.topic, request.queue_id, request.offset, request.client_id)
         return pb.CommitOffsetResponse()
 
     @_serve
     def GetOffset(self, request, context):
         _require(request.group, "group")
         self.store.queue(request.topic, request.queue_id)
-        return pb.GetOffsetResponse(offset=self.offsets.get(request.group, request.topic, request.queue_id))
+        offset, client_id = self.offsets.committed(request.group, request.topic, request.queue_id)
+        return pb.GetOffsetResponse(offset=offset, committed_by=client_id)
 
     # -- locks ---------------------------------------------------------------------------------
 
@@ -217,8 +219,10 @@ class BrokerService(pb_grpc.OrderlyMQServicer):
     def LockBatch(self, request, context):
         queue_ids = self._check_queues(request.topic, request.queue_ids)
         held = self.locks.lock_batch(request.group, request.client_id, request.topic, queue_ids)
+        expires_at_ms = wall_ms() + self.locks.lease_ms
         return pb.LockBatchResponse(locked=[
-            pb.QueueLock(topic=request.topic, queue_id=qid, epoch=epoch, client_id=request.client_id)
+            pb.QueueLock(topic=request.topic, queue_id=qid, epoch=epoch, client_id=request.client_id,
+                         expires_at_ms=expires_at_ms)
             for qid, epoch in sorted(held.items())
         ])
 

@@ -187,10 +187,12 @@ class GetOffsetRequest(_message.Message):
     def __init__(self, group: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ...) -> None: ...
 
 class GetOffsetResponse(_message.Message):
-    __slots__ = ("offset",)
+    __slots__ = ("offset", "committed_by")
     OFFSET_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_BY_FIELD_NUMBER: _ClassVar[int]
     offset: int
-    def __init__(self, offset: _Optional[int] = ...) -> None: ...
+    committed_by: str
+    def __init__(self, offset: _Optional[int] = ..., committed_by: _Optional[str] = ...) -> None: ...
 
 class QueueLock(_message.Message):
     __slots__ = ("topic", "queue_id", "epoch", "client_id", "expires_at_ms")

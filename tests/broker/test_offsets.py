@@ -137,3 +137,18 @@ def test_concurrent_commits_all_land(path):
         t.join()
     assert store.group_offsets("g", "t") == {qid: 9 for qid in range(6)}
     assert OffsetStore(path).group_offsets("g", "t") == {qid: 9 for qid in range(6)}
+
+
+def test_committer_is_remembered_across_restart(path):
+    store = OffsetStore(path)
+    store.commit("g", "t", 0, 5, "client-a")
+    store.commit("g", "t", 1, 9)
+    reopened = OffsetStore(path)
+    assert reopened.committed("g", "t", 0) == (5, "client-a")
+    assert reopened.committed("g", "t", 1) == (9, "")
+    assert reopened.committed("g", "t", 2) == (-1, "")
+
+
+def test_version_1_file_reads_back_without_committers(path):
+    path.write_text(json.dumps({"version": 1, "offsets": {"g": {"t": {"0": 7}}}}))
+    assert OffsetStore(path).committed("g", "t", 0) == (7, "")
