@@ -150,5 +150,6 @@ def test_committer_is_remembered_across_restart(path):
 
 
 def test_version_1_file_reads_back_without_committers(path):
+    path.parent.mkdir()
     path.write_text(json.dumps({"version": 1, "offsets": {"g": {"t": {"0": 7}}}}))
     assert OffsetStore(path).committed("g", "t", 0) == (7, "")
