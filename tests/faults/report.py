@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from connector.history import Verdict
 from tests.faults.fault_profile import PROFILE
-from tests.faults.history import Verdict
 
 __all__ = ["SUMMARIES", "summarize"]
 

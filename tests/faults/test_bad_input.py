@@ -13,9 +13,9 @@ import grpc
 from broker.wire import codec
 from connector.client import Admin
 from connector.client.connection import BrokerConnection, pb
+from connector.history import History
 from tests.faults.fault_profile import PROFILE
 from tests.faults.fuzz import METHODS, BadRequests, call_once
-from tests.faults.history import History
 from tests.faults.workload import KeyedProducer, shutdown_all, start_orderly_group
 from tests.support import wait_until
 

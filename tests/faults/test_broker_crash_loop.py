@@ -21,9 +21,9 @@ from bisect import bisect_left, bisect_right
 
 from connector.client import Admin
 from connector.client.connection import BrokerConnection
+from connector.history import History, check
 from tests.client.helpers import FAST_BROKER
 from tests.faults.fault_profile import PROFILE
-from tests.faults.history import History, check
 from tests.faults.workload import KeyedProducer, shutdown_all, start_orderly_group, stored_deliveries
 from tests.spark.helpers import committed
 from tests.support import wait_until

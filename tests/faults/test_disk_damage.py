@@ -13,9 +13,9 @@ from pathlib import Path
 from broker.wire import codec
 from broker.wire.errors import DamagedRecordError
 from connector.client.connection import BrokerConnection, pb
+from connector.history import History
 from tests.faults.disk import Damage, Record, flip_bit, records, segments, truncate
 from tests.faults.fault_profile import PROFILE
-from tests.faults.history import History
 from tests.faults.workload import body, parse_body
 from tests.support import send_rows
 

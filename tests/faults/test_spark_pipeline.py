@@ -16,9 +16,9 @@ import pytest
 from broker.wire.errors import TopicNotFoundError
 from connector.client import Admin, Producer
 from connector.client.connection import BrokerConnection, pb
+from connector.history import History, check
 from connector.spark.transactions import SINK_LOG_TOPIC
 from tests.faults.fault_profile import PROFILE
-from tests.faults.history import History, check
 from tests.faults.workload import body, parse_body, stored_deliveries
 from tests.jobs.cluster import ROOT, SPARK_HOME, StandaloneCluster
 from tests.spark.helpers import committed

@@ -20,8 +20,8 @@ from pathlib import Path
 
 from connector.client import Admin
 from connector.client.connection import BrokerConnection, pb
+from connector.history import Delivery, History, check
 from tests.faults.fault_profile import PROFILE
-from tests.faults.history import Delivery, History, check
 from tests.faults.workload import body
 from tests.spark.helpers import committed
 from tests.support import send_rows, wait_until

@@ -15,8 +15,8 @@ from concurrent.futures import Future
 from broker.wire.errors import OrderlyMQError
 from connector.client import ConsumeOrderlyStatus, Message, OrderlyConsumer, Producer
 from connector.client.connection import BrokerConnection, pb
+from connector.history import Delivery, History
 from tests.client.helpers import FAST
-from tests.faults.history import Delivery, History
 from tests.support import pull_all
 
 __all__ = [

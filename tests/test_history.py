@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.faults.history import Delivery, History, Send, check
+from connector.history import Delivery, History, Send, check, check_keyed
 
 
 def sends(key: str, n: int, unacked: tuple[int, ...] = ()) -> list[Send]:
@@ -115,3 +115,13 @@ def test_the_recorder_is_the_checker_input():
     verdict = history.check()
     assert counts(verdict) == (0, 1, 0, 0)
     assert verdict.as_dict()["unacked"] == 1
+
+
+def test_check_keyed_judges_emission_order():
+    assert check_keyed({"a": 3, "b": 1}, [("a", 0), ("b", 0), ("a", 1), ("a", 2)]).ok
+    replayed = check_keyed({"a": 4}, [("a", 0), ("a", 1), ("a", 2), ("a", 3), ("a", 1), ("a", 3), ("a", 2)])
+    assert replayed.duplicated == 3 and replayed.out_of_order >= 1
+    swapped = check_keyed({"a": 3}, [("a", 0), ("a", 2), ("a", 1)])
+    assert swapped.out_of_order == 1 and swapped.duplicated == 0 and swapped.lost == 0
+    short = check_keyed({"a": 3}, [("a", 0), ("a", 2)])
+    assert short.lost == 1 and not short.ok

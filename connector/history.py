@@ -1,4 +1,7 @@
-"""A history of what producers sent and consumers received, and the checker of that history.
+"""A history of what producers sent and consumers received, and the one strict checker of it.
+
+Every test, the demo and the benchmarks judge delivery with this module (users may too, on their
+own pipelines). Deliveries are judged in the order they were emitted, never sorted first.
 
 Every message carries its sharding key and a per-key sequence number 0, 1, 2, ... in send order.
 A ``History`` records each send (acknowledged or not: a send whose outcome is unknown, such as
@@ -26,10 +29,10 @@ import bisect
 import json
 import threading
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 
-__all__ = ["Delivery", "History", "Send", "Verdict", "check"]
+__all__ = ["Delivery", "History", "Send", "Verdict", "check", "check_keyed"]
 
 _EXAMPLES = 10
 
@@ -200,6 +203,13 @@ def check(sends: Iterable[Send], deliveries: Iterable[Delivery]) -> Verdict:
         examples=examples,
         lost_messages=lost_messages,
     )
+
+
+def check_keyed(expected: Mapping[str, int], delivered: Iterable[tuple[str, int]]) -> Verdict:
+    """Judge deliveries of ``(key, seq)`` in emission order against ``expected[key]`` acknowledged
+    sends numbered ``0 .. expected[key] - 1``: the common case of a test that sent every message."""
+    sends = [Send(str(key), seq, True) for key, count in expected.items() for seq in range(count)]
+    return check(sends, [Delivery(str(key), int(seq)) for key, seq in delivered])
 
 
 def _check_key(key: str, deliveries: list[Delivery], sent: dict[tuple[str, int], bool], example) -> tuple[int, ...]:
