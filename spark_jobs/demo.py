@@ -31,7 +31,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table  # noqa: E402
 
 from bench.report import percentile  # noqa: E402
-from spark_jobs.order_check import OrderChecker, OrderReport  # noqa: E402
+from connector.history import Verdict, check_keyed  # noqa: E402
 from spark_jobs.session import spark_session  # noqa: E402
 
 console = Console()
@@ -104,8 +104,9 @@ def produce(address: str, topic: str, args: argparse.Namespace, produced: Counte
                     time.sleep(ahead)
 
 
-def check_output(address: str, topic: str, queues: int, checker: OrderChecker, latencies: list[tuple[int, int]],
-                 progress, task, stop: threading.Event) -> None:
+def check_output(address: str, topic: str, queues: int, delivered: list[tuple[str, int]],
+                 latencies: list[tuple[int, int]], progress, task, stop: threading.Event) -> None:
+    """Read every queue of the output topic as it fills, recording (account, seq) in emission order."""
     from connector.client import PullConsumer
 
     offsets = [0] * queues
@@ -116,7 +117,7 @@ def check_output(address: str, topic: str, queues: int, checker: OrderChecker, l
                 result = consumer.pull(topic, q, offsets[q], max_messages=5_000, wait_ms=0)
                 for m in result:
                     note = json.loads(m.body)
-                    checker.add(note["account"], note["seq"])
+                    delivered.append((note["account"], note["seq"]))
                     latencies.append((note["event_born"], m.store_timestamp - note["event_born"]))
                 got += len(result.messages)
                 offsets[q] = result.next_offset
@@ -152,35 +153,47 @@ def first_batch_end_ms(progress_log: list[dict]) -> float:
     return float("inf")
 
 
+def settled_progress(query, events: int, timeout: float = 30.0) -> list[dict]:
+    """The query's progress reports once they account for every event: the output can be read
+    before Spark reports the batch that wrote it."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        progress_log = query.recentProgress
+        if sum(p.get("numInputRows", 0) for p in progress_log) >= events:
+            return progress_log
+        time.sleep(0.2)
+    return query.recentProgress
+
+
 def latency_text(values: list[float]) -> str:
     return f"{percentile(values, 50):.0f} / {percentile(values, 99):.0f}" if values else "n/a (none after warm-up)"
 
 
-def summary(report: OrderReport, args, produced_total: int, elapsed: float, latencies: list[tuple[int, int]],
+def summary(report: Verdict, args, elapsed: float, latencies: list[tuple[int, int]],
             batch_ms: list[float], batches: int, warm_from_ms: float) -> dict:
     return {
-        "messages produced": produced_total,
-        "notifications checked": report.consumed,
+        "messages produced": report.sends,
+        "notifications checked": report.deliveries,
         "keys (accounts)": report.keys,
         "queues": args.queues,
-        "in order": report.in_order,
         "out-of-order": report.out_of_order,
-        "duplicates": report.duplicates,
+        "duplicates": report.duplicated,
         "lost": report.lost,
+        "unexpected": report.unexpected,
         "micro-batches": batches,
-        "end-to-end throughput (msg/s)": round(report.consumed / elapsed, 1) if elapsed else 0,
+        "end-to-end throughput (msg/s)": round(report.deliveries / elapsed, 1) if elapsed else 0,
         "batch latency p50 / p99 (ms)": f"{percentile(batch_ms, 50):.0f} / {percentile(batch_ms, 99):.0f}",
         "event -> notification p50 / p99 (ms)": latency_text([lat for _, lat in latencies]),
         "  ... for events after the first batch": latency_text([lat for born, lat in latencies if born > warm_from_ms]),
     }
 
 
-def print_summary(rows: dict, report: OrderReport) -> None:
+def print_summary(rows: dict, report: Verdict) -> None:
     table = Table(title="orderlymq demo: ordered notifications, checked per account")
     table.add_column("measure")
     table.add_column("value", justify="right")
     for name, value in rows.items():
-        style = "red" if name in ("out-of-order", "duplicates", "lost") and value else None
+        style = "red" if name in ("out-of-order", "duplicates", "lost", "unexpected") and value else None
         table.add_row(name, f"{value:,}" if isinstance(value, int) else str(value), style=style)
     console.print(table)
     for example in report.examples:
@@ -206,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         spark = spark_session("orderlymq-demo", args.master)
     console.print(f"broker {broker.address}; topics {events_topic} -> {out_topic} ({args.queues} queues each)")
     produced: Counter = Counter()
-    checker = OrderChecker()
+    delivered: list[tuple[str, int]] = []  # appended by the checking thread, in emission order
     latencies: list[tuple[int, int]] = []
     stop = threading.Event()
     query = None
@@ -221,24 +234,24 @@ def main(argv: list[str] | None = None) -> int:
             producer = threading.Thread(target=produce, daemon=True, args=(
                 broker.address, events_topic, args, produced, progress, produce_task, stop))
             consumer = threading.Thread(target=check_output, daemon=True, args=(
-                broker.address, out_topic, args.queues, checker, latencies, progress, check_task, stop))
+                broker.address, out_topic, args.queues, delivered, latencies, progress, check_task, stop))
             producer.start()
             consumer.start()
             deadline = started + args.timeout
             while time.monotonic() < deadline:
                 if query.exception() is not None:
                     raise RuntimeError(f"the streaming query failed: {query.exception()}")
-                if not producer.is_alive() and checker.consumed >= sum(produced.values()):
+                if not producer.is_alive() and len(delivered) >= sum(produced.values()):
                     break
                 time.sleep(0.25)
             elapsed = time.monotonic() - started
             stop.set()
             producer.join(timeout=10)
             consumer.join(timeout=10)
-        progress_log = query.recentProgress
+        progress_log = settled_progress(query, sum(produced.values()))
         batch_ms = [p["durationMs"].get("triggerExecution", 0) for p in progress_log if p.get("numInputRows")]
-        report = checker.report(dict(produced))
-        rows = summary(report, args, sum(produced.values()), elapsed, latencies, batch_ms, len(batch_ms),
+        report = check_keyed(produced, delivered)
+        rows = summary(report, args, elapsed, latencies, batch_ms, len(batch_ms),
                        first_batch_end_ms(progress_log))
         print_summary(rows, report)
         if args.summary_json:
