@@ -9,12 +9,12 @@ export SPARK_LOCAL_IP ?= 127.0.0.1
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: demo test faults bench proto lint clean
+.PHONY: demo test faults bench proto constraints lint clean
 
-$(STAMP): setup.py
+$(STAMP): setup.py constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]' --config-settings editable_mode=compat
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[test]' --config-settings editable_mode=compat
 	touch $(STAMP)
 
 demo: $(STAMP)  ## start the embedded broker and run the demo pipeline
@@ -31,6 +31,10 @@ bench: $(STAMP)  ## benchmarks: prints a table, writes bench-results.json
 
 proto: $(STAMP)  ## regenerate the gRPC stubs from broker/proto/orderlymq.proto
 	$(PY) -m grpc_tools.protoc -I . --python_out=. --grpc_python_out=. --pyi_out=. broker/proto/orderlymq.proto
+
+constraints: $(STAMP)  ## re-pin constraints.txt to what .venv has now
+	(head -2 constraints.txt; $(PY) -m pip freeze --exclude-editable | grep -vi '^orderlymq') > constraints.txt.new
+	mv constraints.txt.new constraints.txt
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -1,4 +1,12 @@
+"""orderlymq: install with ``pip install 'orderlymq[spark]'`` beside your own Spark.
+
+Requirements are compatible ranges, so orderlymq installs next to a user's own PySpark, pandas and
+numpy; ``constraints.txt`` pins the exact versions the test suite is run with (``make`` uses it).
+"""
+
 from setuptools import find_packages, setup
+
+SPARK = ["pyspark>=4.3,<5", "pandas>=2.2,<3"]
 
 setup(
     name="orderlymq",
@@ -6,31 +14,29 @@ setup(
     description="An ordered message broker in the mould of RocketMQ's ordered messages, "
     "with a PySpark Structured Streaming source and sink",
     python_requires=">=3.10",
-    packages=find_packages(include=["broker", "broker.*", "connector", "connector.*", "pyspark_orderlymq", "spark_jobs", "bench"]),
+    packages=find_packages(include=["broker", "broker.*", "connector", "connector.*", "pyspark_orderlymq"]),
     package_data={"broker.proto": ["*.proto", "*.pyi"]},
     install_requires=[
-        "grpcio==1.85.1",
-        "protobuf==7.36.2",
-        "pyarrow==26.0.1",
-        "numpy==2.4.6",
-        "xxhash==4.1.0",
-        "crc32c==2.9.post0",
-        "pyspark==4.3.0",
-        "py4j==0.10.9.9",
-        "pandas==2.3.3",
-        "rich==15.0.0",
+        "grpcio>=1.85.1,<2",  # the generated stubs need at least the grpcio that generated them
+        "protobuf>=7.35.1,<8",  # likewise for the protobuf runtime (same major version)
+        "pyarrow>=18",
+        "numpy>=1.26",
+        "xxhash>=3.4,<5",
+        "crc32c>=2.4,<3",
+        "rich>=13",
     ],
     extras_require={
-        "test": [
-            "pytest==9.2.0",
-            "pytest-timeout==2.4.0",
-            "hypothesis==6.170.15",
-            "grpcio-tools==1.85.1",
-            "nbclient==0.11.0",
-            "nbformat==5.11.1",
-            "ipykernel==7.4.0",
-            "matplotlib==3.11.2",
-            "ruff==0.17.5",
+        "spark": SPARK,
+        "test": SPARK + [
+            "pytest>=8",
+            "pytest-timeout>=2.3",
+            "hypothesis>=6.100",
+            "grpcio-tools>=1.85.1,<2",
+            "nbclient>=0.10",
+            "nbformat>=5.10",
+            "ipykernel>=6.29",
+            "matplotlib>=3.8",
+            "ruff>=0.6",
         ],
     },
     entry_points={
