@@ -26,7 +26,7 @@ test: $(STAMP)  ## the whole test suite (what CI runs)
 faults: $(STAMP)  ## the long versions of the fault scenarios
 	ORDERLYMQ_FAULTS=long $(PY) -m pytest tests/faults $(ARGS)
 
-bench: $(STAMP)  ## benchmarks: prints a table, writes bench-results.json
+bench: $(STAMP)  ## benchmarks (Redis Streams and NATS JetStream as peers): a table and bench-results.json
 	$(PY) spark_jobs/bench.py $(ARGS)
 
 proto: $(STAMP)  ## regenerate the gRPC stubs from broker/proto/orderlymq.proto

