@@ -1,7 +1,12 @@
-"""The ceiling of Spark's Python data source path: a streaming source ``benchmem`` that yields
-prebuilt Arrow batches of exactly the ``orderlymq`` source's schema and batch sizes, from memory.
+"""The ceilings of Spark's Python data source path, in memory.
 
-Options: ``partitions`` (like queues), ``rows`` (per partition), ``batchRows``, ``bodyBytes``.
+``benchmem``: a streaming source that yields prebuilt Arrow batches of exactly the ``orderlymq``
+source's schema and batch sizes. Options: ``partitions`` (like queues), ``rows`` (per partition),
+``batchRows``, ``bodyBytes``.
+
+``benchdiscard``: a streaming sink whose Python Arrow writer (the ``orderlymq`` sink's base class)
+takes every batch and drops it, so the sink is measured against the same JVM -> Python path
+rather than against ``noop``, which never leaves the JVM.
 """
 
 from __future__ import annotations
@@ -9,7 +14,13 @@ from __future__ import annotations
 from functools import lru_cache
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceStreamArrowWriter,
+    DataSourceStreamReader,
+    InputPartition,
+    WriterCommitMessage,
+)
 from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
 from connector.spark.schema import arrow_schema, source_schema
@@ -78,3 +89,25 @@ class MemSource(DataSource):
 
     def streamReader(self, schema):
         return MemStreamReader(self.options)
+
+
+class DiscardStreamWriter(DataSourceStreamArrowWriter):
+    def write(self, iterator) -> WriterCommitMessage:
+        for _ in iterator:
+            pass
+        return WriterCommitMessage()
+
+    def commit(self, messages, batchId) -> None:
+        pass
+
+    def abort(self, messages, batchId) -> None:
+        pass
+
+
+class DiscardSink(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return "benchdiscard"
+
+    def streamWriter(self, schema, overwrite: bool):
+        return DiscardStreamWriter()
