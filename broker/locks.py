@@ -14,22 +14,39 @@ stale one, so a consumer that lost its lock (a GC pause, a partition) cannot com
 
 Locks live in memory only, as in RocketMQ: after a broker restart no queue is locked. Epochs are
 persisted on every bump (before the grant is returned), so the first grant after a restart gets an
-epoch above any handed out before it, and every old holder is fenced.
+epoch above any handed out before it, and every old holder is fenced. They live in an SQLite
+database (``broker.statedb``), so a bump costs a row upserted and one fsync whatever the number of
+groups; an older broker's ``lock-epochs.json`` is imported once and renamed ``.migrated``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from broker.persist import load_state, wall_ms, write_json_atomic
+from broker.persist import load_state, wall_ms
+from broker.statedb import StateDB
 from broker.wire.errors import FencedError, InvalidRequestError
+from broker.wire.limits import MAX_CLIENT_ID_BYTES, MAX_GROUP_BYTES, MAX_TOPIC_BYTES, check_name, shown
 
 __all__ = ["LockInfo", "LockManager"]
 
-_STATE_VERSION = 1
+log = logging.getLogger(__name__)
+
+_LEGACY_VERSION = 1  # of lock-epochs.json
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS epochs (
+    grp TEXT NOT NULL, topic TEXT NOT NULL, queue_id INTEGER NOT NULL, epoch INTEGER NOT NULL,
+    PRIMARY KEY (grp, topic, queue_id)
+) WITHOUT ROWID;
+"""
+_UPSERT = "INSERT OR REPLACE INTO epochs (grp, topic, queue_id, epoch) VALUES (?, ?, ?, ?)"
+_FLOOR, _MIGRATED = "floor", "migrated lock-epochs.json"
 
 
 @dataclass(frozen=True)
@@ -55,8 +72,10 @@ class LockManager:
     Parameters
     ----------
     state_path : Path or None
-        JSON file holding the epochs; None keeps them in memory only (epochs then restart at 1 with
-        a new manager, so use it only where no restart has to be survived).
+        Where the epochs live: the database is ``state_path`` with the suffix ``.db``, and a
+        ``.json`` file of that name from an older broker is imported. None keeps them in memory
+        only (epochs then restart at 1 with a new manager, so use it only where no restart has to
+        be survived).
     lease_ms : int
         A lock expires this long after its last grant or renewal.
     clock : callable returning int
@@ -64,8 +83,8 @@ class LockManager:
 
     Notes
     -----
-    Thread-safe: one mutex guards the table; the epoch file is written under it, but only when an
-    epoch changes (holder changes), never on renewals. A lease is live while ``now < expires_at_ms``.
+    Thread-safe: one mutex guards the table; epochs are written under it, but only when an epoch
+    changes (holder changes), never on renewals. A lease is live while ``now < expires_at_ms``.
     """
 
     def __init__(self, state_path: Path | None, lease_ms: int = 60_000, clock: Callable[[], int] = wall_ms):
@@ -80,6 +99,7 @@ class LockManager:
         # Epochs of dropped topics are forgotten, but a queue without a recorded epoch starts above
         # this floor, so a topic deleted and created again never hands out an epoch seen before.
         self._floor = 0
+        self._db: StateDB | None = None
         self._load()
 
     @property
@@ -114,7 +134,8 @@ class LockManager:
                 granted[qid] = new_epochs[qid]
             if new_epochs != epochs:
                 # Durable before any grant is visible, so a restart can never reissue an epoch.
-                self._save({**self._epochs, (group, topic): new_epochs}, self._floor)
+                bumped = [(group, topic, qid, e) for qid, e in new_epochs.items() if epochs.get(qid) != e]
+                self._save(bumped, f"record new fencing epochs of group {shown(group)} on {topic}")
                 self._epochs[(group, topic)] = new_epochs
             for qid in granted:
                 table[qid] = _Entry(client_id, now + self._lease_ms)
@@ -185,39 +206,83 @@ class LockManager:
                 if now < e.expires_at_ms
             ]
 
+    def all_holders(self) -> list[tuple[str, LockInfo]]:
+        """``(group, lock)`` for every live lock of every group and topic (metrics, consoles)."""
+        with self._mutex:
+            groups_topics = sorted(self._locks)
+        return [(group, info) for group, topic in groups_topics for info in self.holders(group, topic)]
+
     def drop_topic(self, topic: str) -> None:
         """Forget every lock and epoch of ``topic`` (the topic was deleted)."""
         with self._mutex:
             keys = [key for key in self._epochs if key[1] == topic]
             floor = max((e for key in keys for e in self._epochs[key].values()), default=0)
             if keys:
-                remaining = {key: value for key, value in self._epochs.items() if key[1] != topic}
                 new_floor = max(self._floor, floor)
-                self._save(remaining, new_floor)
-                self._epochs, self._floor = remaining, new_floor
+                self._drop(topic, new_floor)
+                for key in keys:
+                    del self._epochs[key]
+                self._floor = new_floor
             for key in [key for key in self._locks if key[1] == topic]:
                 del self._locks[key]
 
+    def close(self) -> None:
+        """Close the epoch database (every epoch already granted is durable)."""
+        with self._mutex:
+            if self._db is not None:
+                self._db.close()
+
     def _load(self) -> None:
-        if self._path is not None:
-            load_state(self._path, _STATE_VERSION, "lock epoch file", self._parse_state)
-
-    def _parse_state(self, state: dict) -> None:
-        self._floor = int(state["floor"])
-        for group, topic, qid, epoch in state["epochs"]:
-            self._epochs.setdefault((str(group), str(topic)), {})[int(qid)] = int(epoch)
-
-    def _save(self, epochs: dict[tuple[str, str], dict[int, int]], floor: int) -> None:
         if self._path is None:
             return
-        rows = [[group, topic, qid, e] for (group, topic), per_queue in epochs.items() for qid, e in per_queue.items()]
-        write_json_atomic(self._path, {"version": _STATE_VERSION, "floor": floor, "epochs": rows})
+        self._db = StateDB(self._path.with_suffix(".db"), _SCHEMA, "lock epochs")
+        try:
+            self._migrate(self._path.with_suffix(".json"))
+            self._floor = int(self._db.meta(_FLOOR) or 0)
+            for group, topic, qid, epoch in self._db.rows("SELECT * FROM epochs"):
+                self._epochs.setdefault((group, topic), {})[qid] = epoch
+        except BaseException:
+            self._db.close()
+            raise
+
+    def _migrate(self, legacy: Path) -> None:
+        """Import an older broker's epoch file once (the marker commits with the rows)."""
+        if not legacy.exists() or self._db.meta(_MIGRATED) is not None:
+            return
+        rows: list[tuple[str, str, int, int]] = []
+        floor = [0]
+
+        def parse(state: dict) -> None:
+            floor[0] = int(state["floor"])
+            rows.extend((str(g), str(t), int(q), int(e)) for g, t, q, e in state["epochs"])
+
+        load_state(legacy, _LEGACY_VERSION, "lock epoch file", parse)
+        with self._db.transaction(f"import {legacy}") as db:
+            db.executemany(_UPSERT, rows)
+            db.execute("INSERT OR REPLACE INTO meta (name, value) VALUES (?, ?)", (_FLOOR, str(floor[0])))
+            db.execute("INSERT OR REPLACE INTO meta (name, value) VALUES (?, ?)", (_MIGRATED, str(len(rows))))
+        with contextlib.suppress(OSError):  # the marker already keeps it from being imported twice
+            os.replace(legacy, legacy.with_name(legacy.name + ".migrated"))
+        log.info("imported %d lock epochs from %s into %s", len(rows), legacy, self._db.path)
+
+    def _save(self, rows: list[tuple[str, str, int, int]], action: str) -> None:
+        if self._db is not None:
+            with self._db.transaction(action) as db:
+                db.executemany(_UPSERT, rows)
+
+    def _drop(self, topic: str, floor: int) -> None:
+        if self._db is not None:
+            with self._db.transaction(f"drop the lock epochs of topic {shown(topic)}") as db:
+                db.execute("DELETE FROM epochs WHERE topic = ?", (topic,))
+                db.execute("INSERT OR REPLACE INTO meta (name, value) VALUES (?, ?)", (_FLOOR, str(floor)))
+
+
+_LIMITS = {"group": MAX_GROUP_BYTES, "client_id": MAX_CLIENT_ID_BYTES, "topic": MAX_TOPIC_BYTES}
 
 
 def _check_names(**names: object) -> None:
     for what, value in names.items():
-        if not isinstance(value, str) or not value:
-            raise InvalidRequestError(f"{what} must be a non-empty string, got {value!r}")
+        check_name(what, value, _LIMITS[what])
 
 
 def _check_queue_ids(queue_ids: Iterable[int]) -> list[int]:

@@ -14,8 +14,11 @@ from dataclasses import dataclass
 
 from broker.persist import wall_ms
 from broker.wire.errors import InvalidRequestError
+from broker.wire.limits import MAX_CLIENT_ID_BYTES, MAX_GROUP_BYTES, MAX_TOPIC_BYTES, check_name
 
-__all__ = ["Membership"]
+__all__ = ["MAX_SUBSCRIPTIONS", "Membership"]
+
+MAX_SUBSCRIPTIONS = 1024  # topics one member may name in a heartbeat
 
 
 @dataclass
@@ -60,6 +63,9 @@ class Membership:
         _check_name("consumer group", group)
         _check_name("client id", client_id)
         subscribed = frozenset(topics)
+        if len(subscribed) > MAX_SUBSCRIPTIONS:
+            raise InvalidRequestError(
+                f"a heartbeat names {len(subscribed)} subscribed topics; the limit is {MAX_SUBSCRIPTIONS}")
         for topic in subscribed:
             _check_name("subscribed topic", topic)
         with self._mutex:
@@ -111,6 +117,8 @@ class Membership:
         return state
 
 
+_LIMITS = {"consumer group": MAX_GROUP_BYTES, "client id": MAX_CLIENT_ID_BYTES, "subscribed topic": MAX_TOPIC_BYTES}
+
+
 def _check_name(what: str, value: object) -> None:
-    if not isinstance(value, str) or not value:
-        raise InvalidRequestError(f"{what} must be a non-empty string, got {value!r}")
+    check_name(what, value, _LIMITS[what])

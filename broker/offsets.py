@@ -7,43 +7,72 @@ progress among concurrent consumers is enforced by the lock epoch, checked befor
 Each offset remembers the client id that committed it (empty for an unfenced commit), so a consumer
 can tell whether another client of its group moved the group's position.
 
-The whole table is one JSON file replaced atomically on every change: the table is small (groups x
-queues) and a single file can never be half old, half new after a crash.
+The table lives in an SQLite database (``broker.statedb``): a commit is one row upserted and one
+fsync, whatever the number of groups, and durable before ``commit`` returns. A data directory from
+before keeps its ``offsets.json``: it is imported once, in one transaction, and renamed to
+``offsets.json.migrated``. An in-memory copy serves reads.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
 import threading
 from pathlib import Path
 
-from broker.persist import load_state, write_json_atomic
+from broker.persist import load_state
+from broker.statedb import StateDB
 from broker.wire.errors import InvalidRequestError
+from broker.wire.limits import MAX_CLIENT_ID_BYTES, MAX_GROUP_BYTES, MAX_TOPIC_BYTES, check_name, shown
 
 __all__ = ["OffsetStore"]
 
-_STATE_VERSION = 2
-_READABLE_VERSIONS = (1, 2)  # version 1 stored bare offsets, without the committer
+log = logging.getLogger(__name__)
+
+_READABLE_VERSIONS = (1, 2)  # of offsets.json; version 1 stored bare offsets, without the committer
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS offsets (
+    grp TEXT NOT NULL, topic TEXT NOT NULL, queue_id INTEGER NOT NULL,
+    offset INTEGER NOT NULL, client_id TEXT NOT NULL,
+    PRIMARY KEY (grp, topic, queue_id)
+) WITHOUT ROWID;
+"""
+_UPSERT = "INSERT OR REPLACE INTO offsets (grp, topic, queue_id, offset, client_id) VALUES (?, ?, ?, ?, ?)"
+_MIGRATED = "migrated offsets.json"
 
 
 class OffsetStore:
-    """Durable committed offsets, loaded from ``path`` at construction.
+    """Durable committed offsets, loaded at construction.
 
     Parameters
     ----------
     path : Path
-        The JSON file (created on the first commit, its directory too).
+        Where the offsets live: the database is ``path`` with the suffix ``.db`` (``offsets.json``
+        and ``offsets.db`` name the same store), and a ``.json`` file of that name from an older
+        broker is imported. Its directory is created if missing.
+    sync : bool, default True
+        False trades durability against power loss for speed (see ``StateDB``).
 
     Notes
     -----
-    Thread-safe; commits are serialised so the file always holds the last one returned.
+    Thread-safe; commits are serialised so the database always holds the last one returned.
     """
 
-    def __init__(self, path: Path):
-        self._path = Path(path)
+    def __init__(self, path: Path, *, sync: bool = True):
+        path = Path(path)
+        self._legacy_path = path.with_suffix(".json")
         self._mutex = threading.Lock()
         # group -> topic -> queue_id -> (offset, client id that committed it)
         self._offsets: dict[str, dict[str, dict[int, tuple[int, str]]]] = {}
-        self._load()
+        self._db = StateDB(path.with_suffix(".db"), _SCHEMA, "committed offsets", sync=sync)
+        try:
+            self._migrate()
+            for group, topic, qid, offset, client_id in self._db.rows("SELECT * FROM offsets"):
+                self._offsets.setdefault(group, {}).setdefault(topic, {})[qid] = (offset, client_id)
+        except BaseException:
+            self._db.close()
+            raise
 
     def commit(self, group: str, topic: str, queue_id: int, offset: int, client_id: str = "") -> None:
         """Record ``offset`` as the group's position in the queue, committed by ``client_id``;
@@ -52,21 +81,24 @@ class OffsetStore:
         Raises
         ------
         InvalidRequestError
-            Empty group or topic, a negative queue id or a negative offset.
+            Empty or over-long group, topic or client id, a negative queue id or a negative offset.
+        DiskFullError
+            No space to record it; the committed offset did not change.
         """
         _check(group, topic, queue_id)
+        if client_id:
+            check_name("client id", client_id, MAX_CLIENT_ID_BYTES)
         if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
             raise InvalidRequestError(
-                f"offset to commit for group {group!r} on {topic}/{queue_id} must be an integer >= 0, got {offset!r}"
+                f"offset to commit for group {shown(group)} on {topic}/{queue_id} must be an integer >= 0, "
+                f"got {offset!r}"
             )
         with self._mutex:
-            per_queue = self._offsets.get(group, {}).get(topic, {})
-            if per_queue.get(queue_id) == (offset, client_id):
+            if self._offsets.get(group, {}).get(topic, {}).get(queue_id) == (offset, client_id):
                 return  # already durable
-            updated = {g: {t: dict(q) for t, q in topics.items()} for g, topics in self._offsets.items()}
-            updated.setdefault(group, {}).setdefault(topic, {})[queue_id] = (offset, client_id)
-            self._save(updated)
-            self._offsets = updated
+            with self._db.transaction(f"commit offset {offset} of group {shown(group)} on {topic}/{queue_id}") as db:
+                db.execute(_UPSERT, (group, topic, queue_id, offset, client_id))
+            self._offsets.setdefault(group, {}).setdefault(topic, {})[queue_id] = (offset, client_id)
 
     def get(self, group: str, topic: str, queue_id: int) -> int:
         """The committed offset, or -1 when the group never committed for this queue."""
@@ -91,36 +123,45 @@ class OffsetStore:
     def drop_topic(self, topic: str) -> None:
         """Forget every group's offsets on ``topic`` (the topic was deleted)."""
         with self._mutex:
-            if not any(topic in topics for topics in self._offsets.values()):
+            groups = [g for g, topics in self._offsets.items() if topic in topics]
+            if not groups:
                 return
-            updated = {g: {t: dict(q) for t, q in topics.items() if t != topic} for g, topics in self._offsets.items()}
-            updated = {g: topics for g, topics in updated.items() if topics}
-            self._save(updated)
-            self._offsets = updated
+            with self._db.transaction(f"drop the offsets of topic {shown(topic)}") as db:
+                db.execute("DELETE FROM offsets WHERE topic = ?", (topic,))
+            for group in groups:
+                del self._offsets[group][topic]
+                if not self._offsets[group]:
+                    del self._offsets[group]
 
-    def _load(self) -> None:
-        load_state(self._path, _READABLE_VERSIONS, "offset file", self._parse_state)
+    def close(self) -> None:
+        """Close the database (every commit already returned is durable)."""
+        with self._mutex:
+            self._db.close()
 
-    def _parse_state(self, state: dict) -> None:
-        for group, topics in state["offsets"].items():
-            for topic, queues in topics.items():
-                for qid, entry in queues.items():
-                    offset, client_id = (entry, "") if state["version"] == 1 else entry
-                    self._offsets.setdefault(group, {}).setdefault(topic, {})[int(qid)] = (int(offset), str(client_id))
+    def _migrate(self) -> None:
+        """Import an older broker's ``offsets.json`` once (the marker commits with the rows)."""
+        if not self._legacy_path.exists() or self._db.meta(_MIGRATED) is not None:
+            return
+        imported: list[tuple[str, str, int, int, str]] = []
 
-    def _save(self, offsets: dict[str, dict[str, dict[int, tuple[int, str]]]]) -> None:
-        # JSON object keys are strings: queue ids are written as "0", "1", ... and parsed back on load.
-        doc = {
-            g: {t: {str(q): list(entry) for q, entry in queues.items()} for t, queues in topics.items()}
-            for g, topics in offsets.items()
-        }
-        write_json_atomic(self._path, {"version": _STATE_VERSION, "offsets": doc})
+        def parse(state: dict) -> None:
+            for group, topics in state["offsets"].items():
+                for topic, queues in topics.items():
+                    for qid, entry in queues.items():
+                        offset, client_id = (entry, "") if state["version"] == 1 else entry
+                        imported.append((str(group), str(topic), int(qid), int(offset), str(client_id)))
+
+        load_state(self._legacy_path, _READABLE_VERSIONS, "offset file", parse)
+        with self._db.transaction(f"import {self._legacy_path}") as db:
+            db.executemany(_UPSERT, imported)
+            db.execute("INSERT OR REPLACE INTO meta (name, value) VALUES (?, ?)", (_MIGRATED, str(len(imported))))
+        with contextlib.suppress(OSError):  # the marker already keeps it from being imported twice
+            os.replace(self._legacy_path, self._legacy_path.with_name(self._legacy_path.name + ".migrated"))
+        log.info("imported %d committed offsets from %s into %s", len(imported), self._legacy_path, self._db.path)
 
 
 def _check(group: str, topic: str, queue_id: int) -> None:
-    if not isinstance(group, str) or not group:
-        raise InvalidRequestError(f"consumer group must be a non-empty string, got {group!r}")
-    if not isinstance(topic, str) or not topic:
-        raise InvalidRequestError(f"topic must be a non-empty string, got {topic!r}")
+    check_name("consumer group", group, MAX_GROUP_BYTES)
+    check_name("topic", topic, MAX_TOPIC_BYTES)
     if not isinstance(queue_id, int) or isinstance(queue_id, bool) or queue_id < 0:
         raise InvalidRequestError(f"queue id must be an integer >= 0, got {queue_id!r}")

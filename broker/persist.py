@@ -5,27 +5,80 @@ finds either the old or the new content, never a mix. ``read_json`` does not fal
 backup: an atomically replaced file is never torn, so a corrupt one means outside damage, and
 silently starting from an older copy could move committed offsets or fencing epochs backwards.
 It raises an ``InternalBrokerError`` naming the file instead, and the operator decides.
+
+``disk_full_as_error`` turns a write that failed for want of space (ENOSPC, EDQUOT) into a
+``DiskFullError`` that names the data directory and what to do, the one translation of it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
+import logging
 import os
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from broker.wire.errors import InternalBrokerError
+from broker.wire.errors import DiskFullError, InternalBrokerError
 
-__all__ = ["fsync_dir", "load_state", "read_json", "wall_ms", "write_json_atomic"]
+__all__ = [
+    "disk_full_as_error",
+    "disk_full_error",
+    "fsync_dir",
+    "is_disk_full",
+    "load_state",
+    "read_json",
+    "wall_ms",
+    "write_json_atomic",
+]
+
+log = logging.getLogger(__name__)
+
+_NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
+_WARN_EVERY_S = 10.0  # a full disk refuses every write: one log line per data dir this often is enough
+_last_warned: dict[str, float] = {}
 
 
 def wall_ms() -> int:
     """Milliseconds since the Unix epoch: the default clock of every state module."""
     return time.time_ns() // 1_000_000
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` is a write refused for want of space (ENOSPC) or quota (EDQUOT)."""
+    return isinstance(exc, OSError) and exc.errno in _NO_SPACE
+
+
+def disk_full_error(data_dir: Path | str, what: str, cause: str = "No space left on device") -> DiskFullError:
+    """A ``DiskFullError`` saying that ``what`` failed in ``data_dir``, that nothing of it was kept,
+    and how to get going again; the broker log says so too, at most every few seconds."""
+    now = time.monotonic()
+    if now - _last_warned.get(str(data_dir), -_WARN_EVERY_S) >= _WARN_EVERY_S:
+        _last_warned[str(data_dir)] = now
+        log.warning("disk full in data dir %s (%s): could not %s; writes are refused until space is freed",
+                    data_dir, cause, what)
+    return DiskFullError(
+        f"disk full: could not {what}: {cause} in the broker's data dir {data_dir}; nothing of it was stored "
+        "or changed. Free space on that file system (delete unused topics, lower retention_bytes / "
+        "retention_ms, or move the data dir to a larger volume), then retry",
+        str(data_dir),
+    )
+
+
+@contextlib.contextmanager
+def disk_full_as_error(data_dir: Path | str, what: str) -> Iterator[None]:
+    """Raise ``disk_full_error(data_dir, what)`` for an ENOSPC or EDQUOT ``OSError`` in the block;
+    other errors pass unchanged. The block must leave nothing half-done when it raises."""
+    try:
+        yield
+    except OSError as exc:
+        if not is_disk_full(exc):
+            raise
+        raise disk_full_error(data_dir, what, os.strerror(exc.errno)) from exc
 
 
 def fsync_dir(directory: Path) -> None:

@@ -32,6 +32,7 @@ cost O(remembered ids) with up to 100,000 finished ids remembered.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import logging
@@ -45,7 +46,7 @@ from typing import Any, BinaryIO
 
 import crc32c
 
-from broker.persist import fsync_dir, read_json, wall_ms, write_json_atomic
+from broker.persist import disk_full_as_error, fsync_dir, read_json, wall_ms, write_json_atomic
 from broker.wire.errors import (
     InternalBrokerError,
     InvalidRequestError,
@@ -121,7 +122,10 @@ class TransactionManager:
         self._journal_records = 0
         self._staged_dir.mkdir(parents=True, exist_ok=True)
         replayed = self._load()
-        self._journal: BinaryIO = open(self._journal_path, "ab")  # noqa: SIM115 - lives as long as the manager
+        self._journal: BinaryIO = open(self._journal_path, "ab", buffering=0)  # noqa: SIM115 - lives as long as the manager
+        if self._fsync:  # the journal and its directories must survive a power loss, not only their contents
+            for directory in (self._staged_dir, self._dir, self._dir.parent):
+                fsync_dir(directory)
         self._journal_size = self._journal.tell()
         if replayed:
             # Fold the journal into the snapshot now, so the next start replays nothing.
@@ -182,7 +186,8 @@ class TransactionManager:
                 now = self._clock()
                 self._require_open(txn_id, now, "stage a send in")
                 self._activity[txn_id] = now
-            self._append_frame(self._staged_path(txn_id), parts)
+            with disk_full_as_error(self._dir.parent, f"stage a send in transaction {txn_id!r}"):
+                self._append_frame(self._staged_path(txn_id), parts)
 
     def prepare_commit(self, txn_id: str) -> tuple[bool, list[tuple[str, int, bytes]]]:
         """Move ``txn_id`` to COMMITTING (durably) and return what to apply.
@@ -293,6 +298,11 @@ class TransactionManager:
             self._forget_old_locked(now)
         return aborted
 
+    def open_count(self) -> int:
+        """How many transactions are open (begun, neither committed nor aborted)."""
+        with self._mutex:
+            return len(self._activity)
+
     def committing(self) -> list[str]:
         """Ids left COMMITTING (by a crash between prepare and mark), oldest first."""
         with self._mutex:
@@ -374,20 +384,23 @@ class TransactionManager:
             length += len(part)
             crc = crc32c.crc32c(part, crc)
         created = not path.exists()
-        with open(path, "ab") as f:
-            start = f.tell()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            start = os.fstat(fd).st_size
             try:
-                f.write(_FRAME_HEADER.pack(length, crc))
-                for part in parts:
-                    f.write(part)
-                f.flush()
+                # os-level writes: a failed write leaves nothing in a buffer to be written later.
+                for part in [_FRAME_HEADER.pack(length, crc), *parts]:
+                    if os.write(fd, part) != len(part):
+                        raise OSError(errno.ENOSPC, f"short write to {path}")
                 if self._fsync:
-                    os.fsync(f.fileno())
+                    os.fsync(fd)
             except BaseException:
                 # Never leave a partial frame: later frames would sit behind it and be cut on load.
                 with contextlib.suppress(OSError):
-                    f.truncate(start)
+                    os.ftruncate(fd, start)
                 raise
+        finally:
+            os.close(fd)
         if created and self._fsync:
             fsync_dir(path.parent)
 
@@ -417,14 +430,15 @@ class TransactionManager:
             _frame(json.dumps({"id": tid, "rec": rec}, separators=(",", ":")).encode()) for tid, rec in changes
         )
         try:
-            self._journal.write(data)
-            self._journal.flush()
-            if self._fsync:
-                os.fsync(self._journal.fileno())
+            with disk_full_as_error(self._dir.parent, "record a transaction state change"):
+                # Unbuffered: a failed write leaves no bytes behind in a buffer to be written later.
+                if self._journal.write(data) != len(data):
+                    raise OSError(errno.ENOSPC, f"short write to {self._journal_path}")
+                if self._fsync:
+                    os.fsync(self._journal.fileno())
         except BaseException:
             with contextlib.suppress(OSError):
                 self._journal.truncate(self._journal_size)
-                self._journal.seek(self._journal_size)
             raise
         self._journal_size += len(data)
         self._journal_records += len(changes)

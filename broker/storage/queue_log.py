@@ -4,10 +4,14 @@ Offsets are contiguous per queue (0, 1, 2, ...; never reused). Store timestamps 
 so "first offset at or after a timestamp" is a binary search. A resend of a batch already stored
 under the same (producer, sequence) returns the original result instead of storing it twice;
 that state is rebuilt from record headers on recovery, so it survives a crash.
+
+An append that fails (a full disk: ``DiskFullError``) stores nothing: the record is counted only
+once fully written, so no reader sees part of it and the next append takes the same offsets.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -18,10 +22,12 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from broker.persist import disk_full_as_error
+from broker.storage.arrivals import Arrivals
 from broker.storage.record import frame, parse_header, producer_hash
 from broker.storage.segment import CutReport, Segment
 from broker.wire import codec
-from broker.wire.errors import DamagedRecordError, OffsetOutOfRangeError
+from broker.wire.errors import DamagedRecordError, OffsetOutOfRangeError, TopicNotFoundError
 
 __all__ = ["AppendResult", "QueueLog", "ReadResult"]
 
@@ -62,8 +68,10 @@ class QueueLog:
         index_interval_bytes: int,
         sync: bool,
         clock: Callable[[], int] = codec.now_ms,
+        data_dir: Path | None = None,
     ) -> None:
         self.directory = directory
+        self.data_dir = data_dir if data_dir is not None else directory
         self.segment_bytes = segment_bytes
         self.index_interval_bytes = index_interval_bytes
         self.sync = sync
@@ -72,7 +80,7 @@ class QueueLog:
         self._closed = False
         self.cut_reports: list[CutReport] = []
         self._lock = threading.Lock()
-        self._appended = threading.Condition(self._lock)
+        self._appended = Arrivals(self._lock)  # wakes long polls: threads and event loops
         self._producers: OrderedDict[int, OrderedDict[int, AppendResult]] = OrderedDict()
         self._retired: list[Segment] = []  # deleted segments whose fds close one retention pass later
         directory.mkdir(parents=True, exist_ok=True)
@@ -151,6 +159,8 @@ class QueueLog:
         """
         phash = producer_hash(producer_id) if producer_id and sequence >= 0 else 0
         with self._lock:
+            if self._closed:
+                raise self._deleted()
             if phash:
                 earlier = self._producers.get(phash, {}).get(sequence)
                 if earlier is not None:
@@ -159,12 +169,11 @@ class QueueLog:
             base = active.next_offset
             store_ts = max(self.clock(), active.last_store_ts)
             framed = frame(body, base, count, store_ts, phash, sequence)
-            if active.size and active.size + len(framed) > self.segment_bytes:
-                active = self._roll()
-            active.append(framed, parse_header(framed))
-            if self.sync:
-                active.sync()
-            else:
+            with disk_full_as_error(self.data_dir, f"store {count} message(s) in queue {self._name}"):
+                if active.size and active.size + len(framed) > self.segment_bytes:
+                    active = self._roll()
+                active.append(framed, parse_header(framed), sync=self.sync)
+            if not self.sync:
                 self.dirty = True
             result = AppendResult(base, count, store_ts)
             if phash:
@@ -172,7 +181,15 @@ class QueueLog:
             self._appended.notify_all()
             return result
 
+    def _deleted(self) -> TopicNotFoundError:
+        return TopicNotFoundError(f"queue {self._name} was deleted with its topic; create the topic again to use it")
+
+    @property
+    def _name(self) -> str:
+        return f"{self.directory.parent.name}/{self.directory.name}"
+
     def _roll(self) -> Segment:
+        """Close the active segment and start the next; on failure nothing changed."""
         closed = self.segments[-1]
         closed.sync()
         closed.write_index()
@@ -183,7 +200,11 @@ class QueueLog:
     def flush(self) -> None:
         if self.dirty:
             self.dirty = False
-            self.segments[-1].sync()
+            try:
+                self.segments[-1].sync()
+            except OSError:
+                self.dirty = True  # try again at the next flush
+                raise
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -197,6 +218,24 @@ class QueueLog:
                     return False
                 self._appended.wait(remaining)
             return True
+
+    async def wait_for_data_async(self, offset: int, timeout_s: float) -> bool:
+        """``wait_for_data`` for an event loop: awaits a wake-up without holding a thread."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            arrived = self._appended.register()  # before the check: an append after it resolves it
+            try:
+                if self.max_offset > offset or self._closed:  # closed: the topic was deleted
+                    return self.max_offset > offset
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                try:
+                    await asyncio.wait_for(arrived, remaining)
+                except asyncio.TimeoutError:  # builtin TimeoutError from 3.11, not on 3.10
+                    return self.max_offset > offset
+            finally:
+                self._appended.discard(arrived)
 
     def wake_waiters(self) -> None:
         with self._lock:
@@ -218,7 +257,12 @@ class QueueLog:
     def read(self, offset: int, max_messages: int, max_bytes: int) -> ReadResult:
         """Up to ``max_messages`` messages from ``offset`` (at least one record's worth if any),
         with the store columns added."""
-        bodies, stamps, counts, first_base = self._read_records(offset, max_messages, max_bytes)
+        try:
+            bodies, stamps, counts, first_base = self._read_records(offset, max_messages, max_bytes)
+        except OSError:
+            if self._closed:  # the topic was deleted while this read ran
+                raise self._deleted() from None
+            raise
         if not bodies:
             return ReadResult(codec.empty_stored_table(), offset)
         messages = codec.decode_records(bodies).slice(offset - first_base, sum(counts))  # records may straddle

@@ -3,16 +3,25 @@
 A segment is named by its base offset (``00000000000000000042.log``). The sparse index holds an
 entry ``(offset, position, store_ts)`` every ``index_interval_bytes`` of log; it is written to
 ``.index`` when the segment is closed (rolled) and rebuilt by a scan when missing or stale.
+
+The file is opened on first use and created by the first append, so a queue that was never
+written holds no file descriptor (a topic of a thousand queues costs none until it is used).
+A record is counted only once it is fully written (and fsynced in sync mode): an append that
+fails, a full disk for one, cuts the file back to where it was and changes nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
 import os
+import threading
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
 
+from broker.persist import fsync_dir
 from broker.storage.record import HEADER, RecordHeader, parse_header, verify
 from broker.wire.errors import DamagedRecordError
 
@@ -49,7 +58,26 @@ class Segment:
         self.index_interval_bytes = index_interval_bytes
         self._index = array("q")  # flat (offset, position, store_ts) triples
         self._bytes_since_index = index_interval_bytes  # index the first record
-        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        self._fd: int | None = None
+        self._closed = False
+        self._new_file = False  # created by this process and not yet fsynced into its directory
+        self._open_lock = threading.Lock()
+
+    @property
+    def fd(self) -> int:
+        """The file, opened on first use (an existing segment's file must exist)."""
+        fd = self._fd
+        return fd if fd is not None else self._open(create=False)
+
+    def _open(self, create: bool) -> int:
+        with self._open_lock:
+            if self._fd is None:
+                if self._closed:
+                    raise OSError(errno.EBADF, f"segment {self.path} is closed")
+                existed = not create or self.path.exists()
+                self._fd = os.open(self.path, os.O_RDWR | (os.O_CREAT if create else 0), 0o644)
+                self._new_file = not existed
+            return self._fd
 
     @classmethod
     def file_name(cls, base_offset: int) -> str:
@@ -61,12 +89,30 @@ class Segment:
 
     # -- writing -------------------------------------------------------------------------------
 
-    def append(self, framed: bytes, header: RecordHeader) -> None:
+    def append(self, framed: bytes, header: RecordHeader, *, sync: bool = False) -> None:
+        """Write one framed record after the last one; with ``sync``, fsync it (and, for a new
+        file, its directory) before counting it.
+
+        Raises
+        ------
+        OSError
+            The write or fsync failed (ENOSPC for a full disk); the file is cut back and the
+            segment is as before, so the next append writes at the same place.
+        """
         position = self.size
-        written = os.write(self.fd, framed)
-        if written != len(framed):  # a short write on a regular file means the disk is full
-            os.ftruncate(self.fd, position)
-            raise OSError(f"short write to {self.path}: {written} of {len(framed)} bytes (disk full?)")
+        fd = self._fd if self._fd is not None else self._open(create=True)
+        try:
+            written = os.pwrite(fd, framed, position)
+            if written != len(framed):  # a short write on a regular file means the disk is full
+                raise OSError(errno.ENOSPC, f"short write to {self.path}: {written} of {len(framed)} bytes")
+            if sync:
+                self.sync()
+        except OSError:
+            # Reads stop at self.size and the next append writes at it, so a tail this cut cannot
+            # remove is never served; recovery cuts it after a restart.
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, position)
+            raise
         self._track(header, position)
 
     def _track(self, header: RecordHeader, position: int) -> None:
@@ -81,23 +127,35 @@ class Segment:
         self.last_store_ts = header.store_ts
 
     def sync(self) -> None:
-        os.fsync(self.fd)
+        """Make what was written durable, and a file this process created findable after a crash."""
+        if self._fd is not None:
+            os.fsync(self._fd)
+            if self._new_file:
+                fsync_dir(self.path.parent)
+                self._new_file = False
 
     def close(self) -> None:
-        try:
-            os.close(self.fd)
-        except OSError:
-            pass
+        with self._open_lock:
+            self._closed = True
+            fd, self._fd = self._fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     def write_index(self) -> None:
         """Persist the sparse index of a closed segment (with the log size it describes)."""
         header = array("q", [_INDEX_MAGIC, self.size, self.next_offset, self.first_store_ts, self.last_store_ts])
         tmp = self.index_path.with_suffix(".index.tmp")
-        with open(tmp, "wb") as f:
-            f.write(header.tobytes() + self._index.tobytes())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.index_path)
+        try:
+            with open(tmp, "wb") as f:
+                f.write(header.tobytes() + self._index.tobytes())
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.index_path)
+        except OSError:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise
 
     # -- recovery ------------------------------------------------------------------------------
 

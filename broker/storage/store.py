@@ -4,6 +4,14 @@ Layout under ``data_dir``::
 
     topics.json                  topic -> queue count (written atomically)
     topics/<topic>/<queue_id>/   the queue's segments (*.log, *.index)
+
+``topics.json`` is the commit point of every topic change: a create, grow or delete is durable
+(the new file is written, fsynced, renamed over the old one and its directory fsynced) before it
+takes effect in memory and before it is acknowledged. A change that cannot be written (a full disk:
+``DiskFullError``) changes nothing: a failed create leaves no topic, no queue and no open file, a
+failed delete leaves the topic whole. Files of a topic are created before it is committed and
+removed after it is deleted, so a crash in between leaves only a directory no topic names; it is
+cleared when a topic of that name is created again.
 """
 
 from __future__ import annotations
@@ -16,24 +24,26 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from broker.persist import read_json, write_json_atomic
+from broker.persist import disk_full_as_error, fsync_dir, read_json, write_json_atomic
 from broker.storage.queue_log import QueueLog
 from broker.storage.segment import CutReport
 from broker.wire import codec
 from broker.wire.errors import InvalidRequestError, QueueOutOfRangeError, TopicExistsError, TopicNotFoundError
+from broker.wire.limits import MAX_TOPIC_BYTES, shown
 
 __all__ = ["MAX_QUEUES", "TOPIC_NAME", "Store"]
 
 log = logging.getLogger(__name__)
 
-TOPIC_NAME = re.compile(r"^[A-Za-z0-9_%|.-]{1,127}$")
+TOPIC_NAME = re.compile(rf"^[A-Za-z0-9_%|.-]{{1,{MAX_TOPIC_BYTES}}}$")
 MAX_QUEUES = 1024
 
 
 def validate_topic_name(name: str) -> None:
     if not isinstance(name, str) or not TOPIC_NAME.match(name) or name in (".", ".."):
         raise InvalidRequestError(
-            f"invalid topic name {name!r}: use 1-127 characters from letters, digits, '_', '-', '.', '%', '|'"
+            f"invalid topic name {shown(name)}: use 1-{MAX_TOPIC_BYTES} characters from letters, digits, "
+            "'_', '-', '.', '%', '|'"
         )
 
 
@@ -59,9 +69,11 @@ class Store:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._topics: dict[str, int] = {name: int(n) for name, n in read_json(self._meta_path, {}).items()}
         self._queues: dict[tuple[str, int], QueueLog] = {}
+        for trash in self.data_dir.glob(".deleted-*"):  # deletes a crash interrupted, already committed
+            shutil.rmtree(trash, ignore_errors=True)
         for name, count in self._topics.items():
             for qid in range(count):
-                self._open_queue(name, qid)
+                self._queues[(name, qid)] = self._open_queue(name, qid)
 
     # -- topics --------------------------------------------------------------------------------
 
@@ -69,18 +81,53 @@ class Store:
         return self.data_dir / "topics" / topic
 
     def _open_queue(self, topic: str, queue_id: int) -> QueueLog:
-        q = QueueLog(
+        return QueueLog(
             self._topic_dir(topic) / str(queue_id),
             segment_bytes=self.segment_bytes,
             index_interval_bytes=self.index_interval_bytes,
             sync=self.sync,
             clock=self.clock,
+            data_dir=self.data_dir,
         )
-        self._queues[(topic, queue_id)] = q
-        return q
 
-    def _save_topics(self) -> None:
-        write_json_atomic(self._meta_path, self._topics)
+    def _commit_topics(self, topics: dict[str, int], new_queues: dict[tuple[str, int], QueueLog], what: str) -> None:
+        """Make ``topics`` the durable topic table, then the one in memory with ``new_queues``
+        opened; on failure close those queues, and raise (``DiskFullError`` for a full disk)."""
+        try:
+            with disk_full_as_error(self.data_dir, what):
+                for topic in {topic for topic, _ in new_queues}:  # queue directories exist before the commit
+                    fsync_dir(self._topic_dir(topic))
+                    fsync_dir(self.data_dir / "topics")
+                write_json_atomic(self._meta_path, topics)
+        except BaseException:
+            for q in new_queues.values():
+                q.close()
+            raise
+        self._queues.update(new_queues)
+        self._topics = topics
+
+    def _new_queues(self, topic: str, queue_ids: range, what: str) -> dict[tuple[str, int], QueueLog]:
+        """Open queue logs for ``queue_ids`` (no file is created before the first append)."""
+        opened: dict[tuple[str, int], QueueLog] = {}
+        try:
+            with disk_full_as_error(self.data_dir, what):
+                for qid in queue_ids:
+                    opened[(topic, qid)] = self._open_queue(topic, qid)
+        except BaseException:
+            for q in opened.values():
+                q.close()
+            raise
+        return opened
+
+    def _discard(self, path: Path) -> None:
+        """Remove a directory no committed topic uses (rename first: a crash mid-way leaves trash)."""
+        if path.exists():
+            trash = self.data_dir / f".deleted-{uuid.uuid4().hex}"
+            try:
+                path.rename(trash)
+            except OSError:
+                trash = path
+            shutil.rmtree(trash, ignore_errors=True)
 
     @staticmethod
     def _check_count(queue_count: int) -> None:
@@ -97,10 +144,17 @@ class Store:
                 if if_not_exists:
                     return existing
                 raise TopicExistsError(f"topic {topic!r} already exists with {existing} queues")
-            for qid in range(queue_count):
-                self._open_queue(topic, qid)
-            self._topics[topic] = queue_count
-            self._save_topics()
+            leftover = self._topic_dir(topic)
+            if leftover.exists():
+                log.warning("clearing %s: files of a topic %s that was never created or was deleted", leftover, topic)
+                self._discard(leftover)
+            what = f"create topic {topic!r} with {queue_count} queues"
+            queues = self._new_queues(topic, range(queue_count), what)
+            try:
+                self._commit_topics({**self._topics, topic: queue_count}, queues, what)
+            except BaseException:
+                self._discard(leftover)
+                raise
             log.info("created topic %s with %d queues", topic, queue_count)
             return queue_count
 
@@ -113,24 +167,28 @@ class Store:
                 raise InvalidRequestError(
                     f"topic {topic!r} has {current} queues; the count can only grow (asked {queue_count})"
                 )
-            for qid in range(current, queue_count):
-                self._open_queue(topic, qid)
-            self._topics[topic] = queue_count
-            self._save_topics()
+            if queue_count == current:
+                return current
+            what = f"grow topic {topic!r} from {current} to {queue_count} queues"
+            queues = self._new_queues(topic, range(current, queue_count), what)
+            try:
+                self._commit_topics({**self._topics, topic: queue_count}, queues, what)
+            except BaseException:
+                for q in queues.values():
+                    shutil.rmtree(q.directory, ignore_errors=True)
+                raise
             return queue_count
 
     def delete_topic(self, topic: str) -> None:
         with self._lock:
             count = self.queue_count(topic)
-            del self._topics[topic]
-            self._save_topics()
+            remaining = {name: n for name, n in self._topics.items() if name != topic}
+            self._commit_topics(remaining, {}, f"delete topic {topic!r}")
             for qid in range(count):
                 q = self._queues.pop((topic, qid))
                 q.wake_waiters()
                 q.close()
-            trash = self.data_dir / f".deleted-{uuid.uuid4().hex}"
-            self._topic_dir(topic).rename(trash)
-            shutil.rmtree(trash, ignore_errors=True)
+            self._discard(self._topic_dir(topic))
             log.info("deleted topic %s", topic)
 
     def topics(self) -> dict[str, int]:
@@ -140,6 +198,8 @@ class Store:
     def queue_count(self, topic: str) -> int:
         count = self._topics.get(topic)
         if count is None:
+            if len(topic) > MAX_TOPIC_BYTES:  # no topic has such a name: say why, briefly
+                validate_topic_name(topic)
             raise TopicNotFoundError(f"topic {topic!r} does not exist; create it first (orderlymq topic create {topic})")
         return count
 

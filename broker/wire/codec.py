@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from broker.wire.errors import BadBatchError
+from broker.wire.limits import MAX_PROPERTY_KEY_BYTES, MAX_PROPERTY_VALUE_BYTES, MAX_TAG_BYTES
 
 __all__ = [
     "MESSAGE_SCHEMA",
@@ -36,6 +37,8 @@ __all__ = [
 
 PROPERTIES_TYPE = pa.map_(pa.string(), pa.string())
 TIMESTAMP_MS = pa.timestamp("ms")
+# Born timestamps readers can turn into dates (years 1 to 9999): any other value is garbage.
+MIN_BORN_MS, MAX_BORN_MS = -62_135_596_800_000, 253_402_300_799_999
 
 MESSAGE_SCHEMA = pa.schema(
     [
@@ -253,20 +256,62 @@ def message_batch(payload: bytes) -> tuple[bytes, int]:
 
     A payload already in that form (what our producers send) is kept byte for byte, so a small
     send costs a decode and a validation, no re-encoding; any other is normalized and encoded.
+
+    Raises
+    ------
+    BadBatchError
+        For any payload that is not such a batch, whatever part of it is malformed (framing,
+        offsets, UTF-8 in names or values, out-of-range timestamps) or over a size limit.
     """
+    try:
+        return _message_batch(payload)
+    except BadBatchError:
+        raise
+    except (UnicodeDecodeError, pa.ArrowException, OverflowError, ValueError, TypeError, KeyError) as exc:
+        # Arrow decodes names and metadata lazily, so malformed bytes surface wherever they are first touched.
+        raise BadBatchError(f"malformed batch ({len(payload)} bytes): {type(exc).__name__}: {exc}") from None
+
+
+def _message_batch(payload: bytes) -> tuple[bytes, int]:
     table = decode(payload)
+    # Decoding checks the framing only, not offsets, nulls or UTF-8 inside the data, and Arrow's
+    # kernels may abort the process on invalid data: nothing touches the data before this check.
+    _validate(table, len(payload))
     normalized = normalize(table)
+    if normalized is not table:
+        _validate(normalized, len(payload))
     batches = normalized.to_batches()
-    for batch in batches:
-        try:
-            batch.validate(full=True)
-        except pa.ArrowInvalid as exc:  # decoding checks framing, not offsets or UTF-8 inside the data
-            raise BadBatchError(f"invalid Arrow data in the batch ({len(payload)} bytes): {exc}") from None
+    _check_limits(normalized)
     if (normalized is table and isinstance(payload, bytes) and payload.startswith(_MESSAGE_SCHEMA_IPC)
             and payload.endswith(_END_OF_STREAM) and len(payload) == len(_MESSAGE_SCHEMA_IPC)
             + sum(map(pa.ipc.get_record_batch_size, batches)) + len(_END_OF_STREAM)):
         return payload, table.num_rows
     return encode(normalized), normalized.num_rows
+
+
+def _validate(table: pa.Table, size: int) -> None:
+    try:
+        table.validate(full=True)
+    except pa.ArrowInvalid as exc:
+        raise BadBatchError(f"invalid Arrow data in the batch ({size} bytes): {exc}") from None
+
+
+def _check_limits(table: pa.Table) -> None:
+    """Tags, property keys and values within their size limits; born timestamps readable as dates."""
+    born = pc.min_max(table.column("born_timestamp").cast(pa.int64()))
+    low, high = born["min"].as_py(), born["max"].as_py()
+    if low is not None and (low < MIN_BORN_MS or high > MAX_BORN_MS):
+        raise BadBatchError(f"column 'born_timestamp' holds {low if low < MIN_BORN_MS else high}, not a time in "
+                            f"years 1 to 9999 (ms since the Unix epoch, {MIN_BORN_MS} to {MAX_BORN_MS})")
+    properties = table.column("properties").chunks
+    for what, limit, values in (
+        ("tag", MAX_TAG_BYTES, table.column("tag").chunks),
+        ("property key", MAX_PROPERTY_KEY_BYTES, [chunk.keys for chunk in properties]),
+        ("property value", MAX_PROPERTY_VALUE_BYTES, [chunk.items for chunk in properties]),
+    ):
+        longest = max((pc.max(pc.binary_length(chunk)).as_py() or 0 for chunk in values if len(chunk)), default=0)
+        if longest > limit:
+            raise BadBatchError(f"a {what} in the batch is {longest} bytes long; the limit is {limit} bytes (UTF-8)")
 
 
 def decode_records(bodies: Sequence[bytes]) -> pa.Table:

@@ -11,14 +11,18 @@
      │    ├── BadTagExpressionError
      │    └── InvalidOptionError        (client-side option validation)
      ├── OffsetOutOfRangeError         OUT_OF_RANGE
+     │    └── MessagesLostError        (client-side: retention removed messages not yet consumed)
      ├── DamagedRecordError            DATA_LOSS (damaged on disk; ``next_offset`` is readable)
      ├── FencedError                   FAILED_PRECONDITION (stale epoch / not the lock holder)
+     │    └── GroupOffsetConflictError (client-side: a checkpoint behind offsets another client moved)
      ├── LockUnavailableError          ABORTED (client-side: another client holds the lock)
      ├── TransactionError              FAILED_PRECONDITION
      │    └── TransactionNotFoundError NOT_FOUND
      ├── RequestTooLargeError          RESOURCE_EXHAUSTED
+     ├── DiskFullError                 RESOURCE_EXHAUSTED (no space in the data dir; nothing was stored)
      ├── TopicGrewError                FAILED_PRECONDITION (sink: queue count changed mid-stream)
      ├── BrokerUnavailableError (ConnectionError)  UNAVAILABLE / DEADLINE_EXCEEDED
+     │    └── SendOutcomeUnknownError  (client-side: a send reached the wire, its answer did not)
      └── InternalBrokerError           INTERNAL
 
 The broker raises these; ``to_status`` turns one into (code, message, kind) and
@@ -37,15 +41,19 @@ __all__ = [
     "BadTagExpressionError",
     "BrokerUnavailableError",
     "DamagedRecordError",
+    "DiskFullError",
     "FencedError",
+    "GroupOffsetConflictError",
     "InternalBrokerError",
     "InvalidOptionError",
     "InvalidRequestError",
     "LockUnavailableError",
+    "MessagesLostError",
     "OffsetOutOfRangeError",
     "OrderlyMQError",
     "QueueOutOfRangeError",
     "RequestTooLargeError",
+    "SendOutcomeUnknownError",
     "TopicExistsError",
     "TopicGrewError",
     "TopicNotFoundError",
@@ -100,6 +108,27 @@ class OffsetOutOfRangeError(OrderlyMQError):
     code = grpc.StatusCode.OUT_OF_RANGE
 
 
+class MessagesLostError(OffsetOutOfRangeError):
+    """Retention removed messages of a queue before this consumer read them.
+
+    ``[first_lost, first_kept)`` of queue ``queue_id`` of ``topic`` is gone: ``lost`` messages.
+    Raised (or handed to a consumer's ``on_data_loss``) by the client, never sent on the wire.
+    """
+
+    def __init__(self, message: str, topic: str = "", queue_id: int = -1, first_lost: int = -1,
+                 first_kept: int = -1) -> None:
+        super().__init__(message)
+        self.topic = topic
+        self.queue_id = queue_id
+        self.first_lost = first_lost
+        self.first_kept = first_kept
+
+    @property
+    def lost(self) -> int:
+        """How many messages were removed unread."""
+        return max(self.first_kept - self.first_lost, 0)
+
+
 class DamagedRecordError(OrderlyMQError):
     """Messages stored at the asked offset are damaged on disk (a checksum mismatch, or a range
     recovery had to cut); everything from ``next_offset`` on can still be read."""
@@ -113,6 +142,19 @@ class DamagedRecordError(OrderlyMQError):
 
 class FencedError(OrderlyMQError):
     code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class GroupOffsetConflictError(FencedError):
+    """A streaming query restarted from its checkpoint found its group's offsets moved by another
+    client since it stopped (Spark source option ``groupOffsetConflict``; never sent on the wire).
+
+    ``conflicts`` maps each ``(topic, queue_id)`` to ``(checkpoint position, group offset, client
+    id that committed it)``.
+    """
+
+    def __init__(self, message: str, conflicts: dict | None = None) -> None:
+        super().__init__(message)
+        self.conflicts = dict(conflicts or {})
 
 
 class LockUnavailableError(OrderlyMQError):
@@ -131,12 +173,48 @@ class RequestTooLargeError(OrderlyMQError):
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
+class DiskFullError(OrderlyMQError):
+    """The broker's data directory has no space left (ENOSPC) or its quota is used up (EDQUOT).
+
+    The change asked for was not made: nothing half-written is ever served or counted, so the
+    same request may be sent again once space is freed. ``data_dir`` names the directory.
+    """
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+    def __init__(self, message: str, data_dir: str = "") -> None:
+        super().__init__(message)
+        self.data_dir = data_dir
+
+
 class TopicGrewError(OrderlyMQError):
     code = grpc.StatusCode.FAILED_PRECONDITION
 
 
 class BrokerUnavailableError(OrderlyMQError, ConnectionError):
     code = grpc.StatusCode.UNAVAILABLE
+
+
+class SendOutcomeUnknownError(BrokerUnavailableError):
+    """A send was written to the broker but no answer came back in time: it may be stored or not.
+
+    Do not send the message again (that could store it twice). The producer settles the outcome
+    itself when the broker answers again: it resends the batch under the same ``producer_id`` and
+    ``sequence``, which the broker stores at most once, before any later message of the queue, so
+    the key's order holds. ``Producer.resolve(error)`` waits for that and returns where the
+    message is stored. ``batch_index`` is the position of this send's first message in the batch
+    ``sequence`` of queue ``queue_id``; ``count`` the number of its messages.
+    """
+
+    def __init__(self, message: str, topic: str = "", queue_id: int = -1, producer_id: str = "",
+                 sequence: int = -1, batch_index: int = 0, count: int = 1) -> None:
+        super().__init__(message)
+        self.topic = topic
+        self.queue_id = queue_id
+        self.producer_id = producer_id
+        self.sequence = sequence
+        self.batch_index = batch_index
+        self.count = count
 
 
 class InternalBrokerError(OrderlyMQError):

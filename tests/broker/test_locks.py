@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import threading
 
 import pytest
 
 from broker.locks import LockInfo, LockManager
-from broker.wire.errors import FencedError, InvalidRequestError
+from broker.wire.errors import DiskFullError, FencedError, InvalidRequestError
 from tests.support import FakeClock
+from tests.tmpfs import Ballast, mounted_tmpfs
 
 LEASE = 1_000
 
@@ -179,12 +181,44 @@ def test_epochs_persist_and_go_higher_after_restart(state_path, clock):
     assert restarted.lock_batch("g", "B", "t", [0, 1, 2]) == {0: 3, 1: 2, 2: 1}
 
 
-def test_renewals_do_not_rewrite_the_epoch_file(state_path, locks):
-    locks.lock_batch("g", "A", "t", [0])
-    assert state_path.exists()
-    state_path.unlink()
-    locks.lock_batch("g", "A", "t", [0])
-    assert not state_path.exists()
+def test_on_a_full_disk_renewals_go_on_and_new_epochs_fail_clearly(tmp_path, clock):
+    with mounted_tmpfs(tmp_path / "disk", 256) as disk:
+        locks = LockManager(disk / "lock-epochs.json", lease_ms=LEASE, clock=clock)
+        assert locks.lock_batch("g", "A", "t", [0]) == {0: 1}
+        ballast = Ballast(disk)
+        ballast.fill()
+        for _ in range(3):  # renewals write nothing, so a full disk does not stop them
+            clock.advance(LEASE - 1)
+            assert locks.lock_batch("g", "A", "t", [0]) == {0: 1}
+        with pytest.raises(DiskFullError, match=f"could not record new fencing epochs .* data dir {disk}"):
+            for queue in range(1, 1_000):
+                locks.lock_batch("g", "A", "t", [queue])
+        assert [h.queue_id for h in locks.holders("g", "t")] == list(range(queue)), "the failed grant is not held"
+        ballast.free()
+        assert locks.lock_batch("g", "A", "t", [queue]) == {queue: 1}
+        locks.close()
+        restarted = LockManager(disk / "lock-epochs.json", lease_ms=LEASE, clock=clock)
+        assert restarted.lock_batch("g", "B", "t", [0, queue]) == {0: 2, queue: 2}
+        restarted.close()
+
+
+def test_an_older_epoch_file_is_imported_once(state_path, clock):
+    state_path.parent.mkdir()
+    state_path.write_text(json.dumps({"version": 1, "floor": 4, "epochs": [["g", "t", 0, 7]]}))
+    locks = LockManager(state_path, lease_ms=LEASE, clock=clock)
+    assert locks.lock_batch("g", "A", "t", [0, 1]) == {0: 8, 1: 5}
+    assert not state_path.exists() and state_path.with_name("epochs.json.migrated").exists()
+    assert LockManager(state_path, lease_ms=LEASE, clock=clock).lock_batch("g", "B", "t", [2]) == {2: 5}
+
+
+def test_names_are_bounded(locks):
+    with pytest.raises(InvalidRequestError, match="group 'ggg.* is 256 bytes long; the limit is 255 bytes"):
+        locks.lock_batch("g" * 256, "A", "t", [0])
+    with pytest.raises(InvalidRequestError, match="client_id .* is 100000 bytes long; the limit is 255 bytes"):
+        locks.lock_batch("g", "c" * 100_000, "t", [0])
+    with pytest.raises(InvalidRequestError, match="topic .* the limit is 127 bytes"):
+        locks.check("g", "t" * 128, 0, "A", 1)
+    assert locks.lock_batch("g" * 255, "c" * 255, "t" * 127, [0]) == {0: 1}
 
 
 def test_refused_lock_does_not_bump_the_epoch(locks):

@@ -1,4 +1,5 @@
-"""OffsetStore: commit/get, durability across a reopen, resets, drop_topic, validation, threads."""
+"""OffsetStore: commit/get, durability across a reopen, resets, drop_topic, validation, threads,
+a full disk, the import of an older offsets.json."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import threading
 import pytest
 
 from broker.offsets import OffsetStore
-from broker.wire.errors import InternalBrokerError, InvalidRequestError
+from broker.wire.errors import DiskFullError, InternalBrokerError, InvalidRequestError
+from tests.tmpfs import Ballast, mounted_tmpfs
 
 
 @pytest.fixture
@@ -109,18 +111,79 @@ def test_corrupt_file_is_named(path):
         OffsetStore(path)
 
 
-def test_failed_write_leaves_memory_and_file_unchanged(path, monkeypatch):
+def test_a_full_disk_fails_commits_clearly_and_changes_nothing(tmp_path):
+    with mounted_tmpfs(tmp_path / "disk", 256) as disk:
+        store = OffsetStore(disk / "offsets.json")
+        store.commit("g", "t", 0, 1, "c1")
+        ballast = Ballast(disk)
+        ballast.fill()
+        with pytest.raises(DiskFullError, match=f"disk full: could not commit offset .* data dir {disk}") as info:
+            for group in range(1_000):  # new rows grow the log past what the full disk can hold
+                store.commit(f"g{group}", "t", 0, 2, "c2")
+        assert info.value.data_dir == str(disk)
+        failed_group = f"g{group}"
+        assert store.committed(failed_group, "t", 0) == (-1, "")
+        assert store.committed("g", "t", 0) == (1, "c1")
+        ballast.free()
+        store.commit(failed_group, "t", 0, 3, "c3")  # works again once space is back
+        reopened = OffsetStore(disk / "offsets.json")
+        assert reopened.committed("g", "t", 0) == (1, "c1")
+        assert reopened.committed(failed_group, "t", 0) == (3, "c3")
+        store.close()
+        reopened.close()
+
+
+def test_an_older_offsets_json_is_imported_once(path):
+    path.parent.mkdir()
+    path.write_text(json.dumps({"version": 2, "offsets": {"g": {"t": {"0": [7, "c"], "3": [9, ""]}}}}))
     store = OffsetStore(path)
-    store.commit("g", "t", 0, 1)
+    assert store.committed("g", "t", 0) == (7, "c")
+    assert store.group_offsets("g", "t") == {0: 7, 3: 9}
+    assert not path.exists() and path.with_name("offsets.json.migrated").exists()
+    store.commit("g", "t", 0, 8, "c")
+    path.write_text(json.dumps({"version": 2, "offsets": {"g": {"t": {"0": [1, "old"]}}}}))  # a stray copy
+    assert OffsetStore(path).committed("g", "t", 0) == (8, "c")
 
-    def broken(*args, **kwargs):
-        raise OSError("disk full")
 
-    monkeypatch.setattr("broker.offsets.write_json_atomic", broken)
-    with pytest.raises(OSError, match="disk full"):
-        store.commit("g", "t", 0, 2)
-    assert store.get("g", "t", 0) == 1
-    assert OffsetStore(path).get("g", "t", 0) == 1
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("g" * 256, "t", 0, 1), "consumer group 'ggg.* is 256 bytes long; the limit is 255 bytes"),
+        (("é" * 128, "t", 0, 1), "consumer group .* is 256 bytes long; the limit is 255 bytes"),
+        (("g", "t" * 128, 0, 1), "topic .* is 128 bytes long; the limit is 127 bytes"),
+        (("g", "t", 0, 1, "c" * 100_000), r"client id .*\(100002 characters\) is 100000 bytes long; the limit is 255"),
+    ],
+)
+def test_names_are_bounded(path, args, message):
+    store = OffsetStore(path)
+    with pytest.raises(InvalidRequestError, match=message):
+        store.commit(*args)
+    assert store.groups() == []
+    store.commit("g" * 255, "t" * 127, 0, 1, "c" * 255)  # at the limit is fine
+
+
+def written_bytes() -> int:
+    """Bytes this process has passed to write() so far (``wchar`` of /proc/self/io)."""
+    with open("/proc/self/io") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("wchar"))
+
+
+def bytes_per_commit(path, groups: int, commits: int = 300) -> float:
+    store = OffsetStore(path)
+    for g in range(groups):
+        store.commit(f"group-{g:040d}", "t", 0, 1, "client")
+    before = written_bytes()
+    for i in range(commits):
+        store.commit(f"group-{i % groups:040d}", "t", 0, 2 + i, "client")
+    written = written_bytes() - before
+    store.close()
+    return written / commits
+
+
+def test_what_a_commit_writes_does_not_grow_with_the_number_of_groups(tmp_path):
+    few, many = bytes_per_commit(tmp_path / "few" / "offsets.json", 10), bytes_per_commit(
+        tmp_path / "many" / "offsets.json", 2_000)
+    assert many < 3 * few, f"a commit writes {few:.0f} bytes with 10 groups but {many:.0f} with 2,000"
 
 
 def test_concurrent_commits_all_land(path):

@@ -12,12 +12,14 @@ from broker.storage.record import HEADER, parse_header
 from broker.wire import codec
 from broker.wire.errors import (
     DamagedRecordError,
+    DiskFullError,
     OffsetOutOfRangeError,
     QueueOutOfRangeError,
     TopicExistsError,
     TopicNotFoundError,
 )
 from tests.support import FakeClock
+from tests.tmpfs import Ballast, mounted_tmpfs, open_fds
 
 
 def batch(start: int, n: int, key: str = "k") -> tuple[bytes, int]:
@@ -264,3 +266,40 @@ def test_a_closed_segment_cut_short_leaves_a_hole_and_keeps_later_segments(tmp_p
     assert info.value.next_offset == next_base
     assert read_all(q2, next_base).column("queue_offset").to_pylist() == list(range(next_base, 60))
     assert q2.append(*batch(60, 1)).base_offset == 60
+
+
+def test_an_append_on_a_full_disk_stores_nothing_and_the_next_takes_its_offsets(tmp_path):
+    with mounted_tmpfs(tmp_path / "disk", 256) as disk:
+        q = QueueLog(disk / "t" / "0", segment_bytes=64 * 1024, index_interval_bytes=512, sync=True, data_dir=disk)
+        acked = 0
+        for i in range(5):
+            acked += q.append(*batch(i * 2, 2)).count
+        ballast = Ballast(disk)
+        ballast.fill()
+        with pytest.raises(DiskFullError, match=f"could not store 2 message.* in queue t/0: .* data dir {disk}"):
+            while True:  # the last partly used page of the segment takes a record or two first
+                acked += q.append(*batch(acked, 2)).count
+        size, segments = q.size_bytes, len(q.segments)
+        for _ in range(3):
+            with pytest.raises(DiskFullError):
+                q.append(*batch(acked, 2))
+        assert (q.max_offset, q.size_bytes, len(q.segments)) == (acked, size, segments)
+        assert sum(p.stat().st_size for p in (disk / "t" / "0").glob("*.log")) == size, "a partial record was kept"
+        ballast.free()
+        assert q.append(*batch(acked, 2)).base_offset == acked
+        q.close()
+        reopened = QueueLog(disk / "t" / "0", segment_bytes=64 * 1024, index_interval_bytes=512, sync=True)
+        assert read_all(reopened).column("body").to_pylist() == [f"k-{i}".encode() for i in range(acked + 2)]
+        assert reopened.cut_reports == []
+        reopened.close()
+
+
+def test_queues_hold_no_file_until_written(tmp_path):
+    store = Store(tmp_path)
+    store.create_topic("wide", 1000)
+    assert open_fds(os.getpid(), tmp_path) == 0, "empty queues hold no open file"
+    assert list((tmp_path / "topics" / "wide").glob("*/*.log")) == []
+    store.queue("wide", 7).append(*batch(0, 1))
+    assert open_fds(os.getpid(), tmp_path) == 1
+    store.close()
+    assert open_fds(os.getpid(), tmp_path) == 0

@@ -18,7 +18,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from broker.proto import orderlymq_pb2 as pb
 from broker.wire import codec
 
-__all__ = ["METHODS", "SERVICE", "BadRequests", "Outcome", "call_once"]
+__all__ = ["BROKER_FAILURES", "METHODS", "SERVICE", "BadRequests", "Outcome", "call_once"]
 
 SERVICE = pb.DESCRIPTOR.services_by_name["OrderlyMQ"]
 METHODS = list(SERVICE.methods)
@@ -55,7 +55,8 @@ class BadRequests:
     def _string(self) -> str:
         rng = self.rng
         return rng.choice(self.topics + self.groups + [
-            "", "x" * rng.randint(1, 5000), "é∑\u0000\ud7ff", "TagA || ", "TagA || || *", "../../etc/passwd",
+            # within the name limits (reaching deeper checks), then beyond them, up to 100 KB
+            "", "x" * rng.randint(1, 127), "x" * rng.randint(128, 100_000), "é∑\u0000\ud7ff", "TagA || ", "TagA || || *", "../../etc/passwd",
             "%DLQ%g", "%RETRY%g", " ", "a/b", "\n", "*",
         ])
 
@@ -66,11 +67,16 @@ class BadRequests:
     def _value(self, field):
         t = field.type
         if t == FieldDescriptor.TYPE_STRING:
-            return self._string()
+            # Half the names are real ones, so requests get past name checks to the deeper ones
+            # (fencing, offsets, transaction states).
+            known = {"topic": self.topics, "group": self.groups, "client_id": ["fuzz-client"]}.get(field.name)
+            return self.rng.choice(known) if known and self.rng.random() < 0.5 else self._string()
         if t == FieldDescriptor.TYPE_BYTES:
             return self.bad_batch() if self.rng.random() < 0.5 else self.rng.randbytes(self.rng.randint(0, 400))
         if t == FieldDescriptor.TYPE_BOOL:
             return self.rng.random() < 0.5
+        if field.name in ("queue_id", "offset", "epoch") and self.rng.random() < 0.5:
+            return self.rng.randint(0, 2)  # in range: past the range checks
         if t in (FieldDescriptor.TYPE_INT32, FieldDescriptor.TYPE_SINT32):
             return self._int(32)
         return self._int(64)
@@ -78,9 +84,21 @@ class BadRequests:
     # -- Arrow batches ---------------------------------------------------------------------------
 
     def good_batch(self) -> bytes:
-        rows = [{"key": f"fz{i}", "body": self.rng.randbytes(self.rng.randint(0, 50))}
-                for i in range(self.rng.randint(1, 5))]
+        """A valid batch using every column: non-ASCII keys, tags, property maps, born timestamps."""
+        rng = self.rng
+        rows = []
+        for i in range(rng.randint(1, 5)):
+            row = {"key": f"fz{i}-é", "body": rng.randbytes(rng.randint(0, 50)), "born_timestamp": 1_700_000_000_000 + i}
+            if rng.random() < 0.7:
+                row["tag"] = rng.choice(["TagA", "TagB", "标签"])
+            if rng.random() < 0.7:
+                row["properties"] = {f"p{j}-ü": rng.choice(["v", "wert-ä", ""]) for j in range(rng.randint(0, 3))}
+            rows.append(row)
         return codec.encode(codec.messages_to_batch(rows))
+
+    def mutated_batch(self) -> bytes:
+        """A valid batch with 1 to 4 bytes flipped, inserted or deleted anywhere in it."""
+        return self._mutate(self.good_batch())
 
     def bad_batch(self) -> bytes:
         """Bytes in the ``batch`` field that a careless decoder could choke on."""
