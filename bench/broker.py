@@ -326,6 +326,26 @@ def producer_sync_sends(workdir: Path, seconds: float) -> float:
     return rate
 
 
+def many_clients(workdir: Path, quick: bool) -> list[Row]:
+    """A normal producer/consumer pair and ``Health`` beside a crowd of idle clients (open send
+    streams and long polls, ``bench.crowd``): their latencies, after the crowd's liveness and the
+    pair's order and completeness are checked."""
+    from bench.crowd import run_crowd
+
+    crowd = 1_000 if quick else 4_000
+    with BrokerProcess(workdir / "many-clients", "--log-level", "WARNING") as broker:
+        figures = run_crowd(broker.address, streams=crowd, polls=crowd, pair_messages=1_000 if quick else 10_000)
+    summary = figures.summary()
+    if not (figures.stood and figures.verdict.ok and not (figures.crowd_errors or figures.pair_errors
+                                                          or figures.health_errors)):
+        raise AssertionError(f"many clients: {figures.line()}")
+    extra = {k: v for k, v in summary.items() if not k.endswith("_ms")}
+    what = f"beside {crowd:,} idle streams + {crowd:,} long polls"
+    return [Row(f"Producer.send latency {p} {what}", summary[f"send_{p}_ms"], "ms", message_bytes=16, queues=8,
+                extra=extra) for p in ("p50", "p99")] + [
+            Row(f"Health latency {p} {what}", summary[f"health_{p}_ms"], "ms") for p in ("p50", "p99")]
+
+
 def scaling(workdir: Path, quick: bool) -> list[Row]:
     """Batched ingest as producer threads, queue count and body size vary (~1 MB batches)."""
     combos = [(t, q, b) for t in (1, 4) for q in (1, 8, 64) for b in (100, 1024, 16384)]
@@ -374,5 +394,6 @@ def run(workdir: Path, quick: bool) -> list[Row]:
     p50, p99 = long_poll_latency(workdir, 100 if quick else 500)
     rows.append(Row("long-poll delivery latency p50", p50, "ms", message_bytes=BODY_BYTES, queues=1))
     rows.append(Row("long-poll delivery latency p99", p99, "ms", message_bytes=BODY_BYTES, queues=1))
+    rows += many_clients(workdir, quick)
     rows += scaling(workdir, quick)
     return rows

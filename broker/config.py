@@ -67,8 +67,13 @@ class BrokerConfig:
         Pull limits used when a request asks for 0 (and upper bounds of what it may ask).
     max_wait_ms : int
         Upper bound of a long-polling pull's wait.
+    metrics_port : int
+        HTTP port of the Prometheus endpoint ``/metrics`` on ``host``; -1 (the default) serves none,
+        0 picks a free port.
     workers : int
-        Threads serving gRPC calls; each long-polling pull holds one while it waits.
+        Threads for the RPC work that may block (file writes and fsyncs, reads, offsets, locks,
+        transactions). Waiting holds none: long-polling pulls and open send streams wait on the
+        server's event loop, so any number of them leaves these threads to the others.
     log_level : str
         One of CRITICAL, ERROR, WARNING, INFO, DEBUG (any case).
     """
@@ -92,6 +97,7 @@ class BrokerConfig:
     max_pull_bytes: int = 16 * MIB
     max_wait_ms: int = 30_000
     workers: int = 64
+    metrics_port: int = -1
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
@@ -190,6 +196,7 @@ _INT_RANGES: dict[str, tuple[int, int | None, str]] = {
     "max_pull_bytes": (1, _INT32_MAX, "bytes"),
     "max_wait_ms": (0, _INT32_MAX, "milliseconds"),
     "workers": (1, 1024, "threads"),
+    "metrics_port": (-1, 65535, "-1 serves no metrics, 0 picks a free port"),
 }
 
 

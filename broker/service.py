@@ -1,0 +1,286 @@
+"""What each RPC does: validate, delegate to storage/locks/offsets/transactions, build the answer.
+
+``BrokerService`` knows nothing of gRPC: each method takes a parsed request and returns a response
+message or raises an ``OrderlyMQError``. The transport (``broker.server``) decides where a method
+runs (the event loop or a worker thread) and turns errors into statuses. A long-polling ``Pull``
+is split in three (``pull_queue``, the wait, ``pull_read``) so that its wait holds no thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import defaultdict
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+import broker
+from broker.config import BrokerConfig
+from broker.locks import LockManager
+from broker.membership import Membership
+from broker.metrics import BrokerMetrics
+from broker.offsets import OffsetStore
+from broker.persist import wall_ms
+from broker.proto import orderlymq_pb2 as pb
+from broker.storage import Store
+from broker.storage.queue_log import QueueLog
+from broker.transactions import TransactionManager
+from broker.wire import codec
+from broker.wire.errors import InvalidRequestError, OffsetOutOfRangeError
+from broker.wire.pull_response import encode_pull_response
+from broker.wire.tags import parse_tag_expression
+
+__all__ = ["BrokerService"]
+
+log = logging.getLogger(__name__)
+
+
+def _require(value: str, what: str) -> str:
+    if not value:
+        raise InvalidRequestError(f"{what} is required")
+    return value
+
+
+class BrokerService:
+    """The orderlymq.v1 service over one data directory; methods are named after the RPCs."""
+
+    def __init__(self, config: BrokerConfig) -> None:
+        self.config = config
+        data = Path(config.data_dir)
+        self.store = Store(
+            data,
+            segment_bytes=config.segment_bytes,
+            index_interval_bytes=config.index_interval_bytes,
+            sync=config.flush == "sync",
+        )
+        self.offsets = OffsetStore(data / "offsets.json")
+        self.locks = LockManager(data / "lock-epochs.json", lease_ms=config.lock_lease_ms)
+        self.members = Membership(timeout_ms=config.consumer_timeout_ms)
+        self.txns = TransactionManager(data / "txns", timeout_ms=config.txn_timeout_ms, fsync=config.flush == "sync")
+        self.metrics = BrokerMetrics(self)
+        for report in self.store.cut_reports():
+            log.warning("recovered %s: cut %d damaged bytes at byte %d (%s); messages from offset %d lost",
+                        report.path, report.bytes_cut, report.position, report.reason, report.first_lost_offset)
+        for txn_id in self.txns.committing():
+            log.info("finishing transaction %s interrupted during commit", txn_id)
+            self._apply_commit(txn_id)
+
+    # -- topics --------------------------------------------------------------------------------
+
+    def _route(self, topic: str) -> pb.TopicRoute:
+        return pb.TopicRoute(topic=topic, broker_name=self.config.broker_name,
+                             queue_count=self.store.queue_count(topic))
+
+    def CreateTopic(self, request):
+        count = self.store.create_topic(request.topic, request.queue_count, request.if_not_exists)
+        return pb.TopicRoute(topic=request.topic, broker_name=self.config.broker_name, queue_count=count)
+
+    def UpdateTopic(self, request):
+        self.store.grow_topic(request.topic, request.queue_count)
+        return self._route(request.topic)
+
+    def DescribeTopic(self, request):
+        return self._route(request.topic)
+
+    def ListTopics(self, request):
+        return pb.ListTopicsResponse(topics=[
+            pb.TopicRoute(topic=t, broker_name=self.config.broker_name, queue_count=n)
+            for t, n in sorted(self.store.topics().items())
+        ])
+
+    def DeleteTopic(self, request):
+        # Group state goes first: if the topic delete then fails (disk full), consumers re-read from
+        # the start (duplicates); the other order could leave old offsets to skip a new topic's messages.
+        self.store.queue_count(request.topic)
+        self.offsets.drop_topic(request.topic)
+        self.locks.drop_topic(request.topic)
+        self.store.delete_topic(request.topic)
+        return pb.DeleteTopicResponse()
+
+    # -- produce -------------------------------------------------------------------------------
+
+    def Send(self, request) -> pb.SendResponse:
+        """Store one batch (or stage it in a transaction); also each request of ``SendStream``."""
+        queue = self.store.queue(request.topic, request.queue_id)
+        body, count = codec.message_batch(request.batch)
+        if request.txn_id:
+            self.txns.stage(request.txn_id, request.topic, request.queue_id, body)
+            return pb.SendResponse(base_offset=-1, count=count, queue_id=request.queue_id)
+        result = queue.append(body, count, request.producer_id, request.sequence if request.producer_id else -1)
+        if not result.duplicate:
+            self.metrics.stored(request.topic, request.queue_id, result.count, len(body))
+        return pb.SendResponse(base_offset=result.base_offset, count=result.count,
+                               store_timestamp=result.store_timestamp, duplicate=result.duplicate,
+                               queue_id=request.queue_id)
+
+    # -- consume -------------------------------------------------------------------------------
+
+    def pull_queue(self, request) -> QueueLog:
+        """Everything a pull checks before it may wait: the queue, the lock, the tags, the limits
+        and the offset. Returns the queue to wait on and read."""
+        queue = self.store.queue(request.topic, request.queue_id)
+        if request.group:
+            self.locks.check(request.group, request.topic, request.queue_id, request.client_id, request.epoch)
+        parse_tag_expression(request.tag_expression)
+        if request.max_messages < 0 or request.max_bytes < 0 or request.wait_ms < 0:
+            raise InvalidRequestError("max_messages, max_bytes and wait_ms must not be negative")
+        queue.check_offset(request.offset)
+        return queue
+
+    def pull_wait_s(self, request, queue: QueueLog) -> float:
+        """How long the pull may wait for data at its offset (0: answer now)."""
+        if not request.wait_ms or request.offset < queue.max_offset:
+            return 0.0
+        return min(request.wait_ms, self.config.max_wait_ms) / 1000
+
+    def pull_read(self, request, queue: QueueLog) -> bytes:
+        """The serialized ``PullResponse`` (the broker encodes its own: megabytes, copied once)."""
+        result = queue.read(
+            request.offset,
+            min(request.max_messages or self.config.max_pull_messages, self.config.max_pull_messages),
+            min(request.max_bytes or self.config.max_pull_bytes, self.config.max_pull_bytes),
+        )
+        tags = parse_tag_expression(request.tag_expression)
+        table = result.table if tags is None else _with_tags(result.table, tags)
+        batches = [codec.encode_parts(table)] if table.num_rows else []
+        self.metrics.served(request.topic, request.queue_id, table.num_rows, table.nbytes)
+        return encode_pull_response(batches, next_offset=result.next_offset, count=table.num_rows,
+                                    min_offset=queue.min_offset, max_offset=queue.max_offset)
+
+    def QueryOffsets(self, request):
+        queue = self.store.queue(request.topic, request.queue_id)
+        at = queue.offset_for_timestamp(request.timestamp) if request.has_timestamp else queue.max_offset
+        return pb.QueryOffsetsResponse(min_offset=queue.min_offset, max_offset=queue.max_offset,
+                                       offset_for_timestamp=at)
+
+    # -- group offsets -------------------------------------------------------------------------
+
+    def CommitOffset(self, request):
+        _require(request.group, "group")
+        queue = self.store.queue(request.topic, request.queue_id)
+        if request.epoch or request.client_id:
+            self.locks.check(request.group, request.topic, request.queue_id, request.client_id, request.epoch)
+        if request.offset > queue.max_offset:
+            raise OffsetOutOfRangeError(
+                f"cannot commit offset {request.offset} for {request.topic}/{request.queue_id}: "
+                f"only {queue.max_offset} messages have been stored"
+            )
+        self.offsets.commit(request.group, request.topic, request.queue_id, request.offset, request.client_id)
+        return pb.CommitOffsetResponse()
+
+    def GetOffset(self, request):
+        _require(request.group, "group")
+        self.store.queue(request.topic, request.queue_id)
+        offset, client_id = self.offsets.committed(request.group, request.topic, request.queue_id)
+        return pb.GetOffsetResponse(offset=offset, committed_by=client_id)
+
+    # -- locks ---------------------------------------------------------------------------------
+
+    def _check_queues(self, topic: str, queue_ids) -> list[int]:
+        for qid in queue_ids:
+            self.store.queue(topic, qid)
+        return list(queue_ids)
+
+    def LockBatch(self, request):
+        queue_ids = self._check_queues(request.topic, request.queue_ids)
+        held = self.locks.lock_batch(request.group, request.client_id, request.topic, queue_ids)
+        expires_at_ms = wall_ms() + self.locks.lease_ms
+        return pb.LockBatchResponse(locked=[
+            pb.QueueLock(topic=request.topic, queue_id=qid, epoch=epoch, client_id=request.client_id,
+                         expires_at_ms=expires_at_ms)
+            for qid, epoch in sorted(held.items())
+        ])
+
+    def UnlockBatch(self, request):
+        queue_ids = self._check_queues(request.topic, request.queue_ids)
+        released = self.locks.unlock_batch(request.group, request.client_id, request.topic, queue_ids)
+        return pb.UnlockBatchResponse(unlocked=sorted(released))
+
+    def QueryLocks(self, request):
+        self.store.queue_count(request.topic)
+        return pb.QueryLocksResponse(locks=[
+            pb.QueueLock(topic=i.topic, queue_id=i.queue_id, epoch=i.epoch, client_id=i.client_id,
+                         expires_at_ms=i.expires_at_ms)
+            for i in self.locks.holders(request.group, request.topic)
+        ])
+
+    # -- membership ----------------------------------------------------------------------------
+
+    def Heartbeat(self, request):
+        self.members.heartbeat(_require(request.group, "group"), _require(request.client_id, "client_id"),
+                               request.topics)
+        return pb.HeartbeatResponse()
+
+    def LeaveGroup(self, request):
+        self.members.unregister(_require(request.group, "group"), _require(request.client_id, "client_id"))
+        return pb.LeaveGroupResponse()
+
+    def ListConsumers(self, request):
+        return pb.ListConsumersResponse(client_ids=self.members.consumers(_require(request.group, "group")))
+
+    # -- transactions --------------------------------------------------------------------------
+
+    def BeginTxn(self, request):
+        return pb.BeginTxnResponse(state=self.txns.begin(request.txn_id, request.timeout_ms))
+
+    def _apply_commit(self, txn_id: str) -> tuple[bool, int]:
+        """Append a transaction's staged batches: one record per queue, in send order. Appends
+        carry (txn, sequence 0) as producer identity, so re-applying after a crash stores nothing twice."""
+        already, staged = self.txns.prepare_commit(txn_id)
+        if already:
+            return True, 0
+        per_queue: dict[tuple[str, int], list[bytes]] = defaultdict(list)
+        for topic, queue_id, payload in staged:
+            per_queue[(topic, queue_id)].append(payload)
+        count = 0
+        for (topic, queue_id), payloads in per_queue.items():
+            table = codec.decode_records(payloads)  # staged sends are message_batch bodies, like records
+            self.store.queue(topic, queue_id).append(codec.encode(table), table.num_rows, f"txn:{txn_id}", 0)
+            count += table.num_rows
+        self.txns.mark_committed(txn_id)
+        return False, count
+
+    def CommitTxn(self, request):
+        already, count = self._apply_commit(_require(request.txn_id, "txn_id"))
+        return pb.CommitTxnResponse(already_committed=already, count=count)
+
+    def AbortTxn(self, request):
+        self.txns.abort(_require(request.txn_id, "txn_id"))
+        return pb.AbortTxnResponse()
+
+    def Health(self, request):
+        return pb.HealthResponse(status="SERVING", broker_name=self.config.broker_name, version=broker.__version__)
+
+    # -- housekeeping --------------------------------------------------------------------------
+
+    def housekeeping(self, stop: threading.Event) -> None:
+        """Flush (async mode), expire transactions and apply retention until ``stop`` is set."""
+        interval = self.config.flush_interval_ms / 1000
+        next_retention = 0.0
+        elapsed = 0.0
+        while not stop.wait(interval):
+            elapsed += interval
+            try:
+                self.store.flush()
+                for txn_id in self.txns.expire():
+                    log.info("aborted transaction %s: idle past its timeout", txn_id)
+                if elapsed >= next_retention:
+                    next_retention = elapsed + self.config.retention_check_interval_ms / 1000
+                    self.store.apply_retention(self.config.retention_ms, self.config.retention_bytes)
+            except Exception:  # noqa: BLE001 - housekeeping must never stop
+                log.exception("housekeeping failed")
+
+    def close(self) -> None:
+        self.store.flush()
+        self.store.close()
+        self.txns.close()
+        self.offsets.close()
+        self.locks.close()
+        self.metrics.close()
+
+
+def _with_tags(table: pa.Table, tags: frozenset[str]) -> pa.Table:
+    wanted = pa.array(sorted(tags), pa.string())
+    return table.filter(pc.fill_null(pc.is_in(table.column("tag"), value_set=wanted), False))
