@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import resource
 import signal
 import sys
 import threading
@@ -20,6 +21,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--port", type=int, help="gRPC port (default 9876; 0 picks a free one)")
     parser.add_argument("--data-dir", help="where topics, offsets and transactions live (default ./data)")
     parser.add_argument("--flush", choices=["sync", "async"], help="sync: ack after fsync; async: fsync on an interval")
+    parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port (-1: none)")
     parser.add_argument("--port-file", type=Path, help="write the bound port here once serving (for scripts)")
     parser.add_argument("--log-level", help="DEBUG, INFO, WARNING, ...")
     return parser.parse_args(argv)
@@ -28,8 +30,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def load_config(args: argparse.Namespace) -> BrokerConfig:
     config = BrokerConfig.from_toml(args.config) if args.config else BrokerConfig()
     return config.with_overrides(
-        host=args.host, port=args.port, data_dir=args.data_dir, flush=args.flush, log_level=args.log_level
+        host=args.host, port=args.port, data_dir=args.data_dir, flush=args.flush, log_level=args.log_level,
+        metrics_port=args.metrics_port,
     )
+
+
+def _raise_open_file_limit() -> None:
+    """Each written queue keeps its segment files open: allow as many as the hard limit does."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"orderlymq-broker: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _raise_open_file_limit()
     from broker.server import start_broker
 
     try:

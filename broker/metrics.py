@@ -1,0 +1,198 @@
+"""Prometheus metrics of one broker.
+
+Two kinds, on one registry per broker (so several brokers in one process never mix):
+
+- **traffic**, recorded as it happens: messages and bytes in and out per queue, RPC latency per
+  method, failed RPCs per method and status, open send streams;
+- **state**, read when Prometheus scrapes (nothing on the hot path): each queue's offsets and
+  stored bytes, each consumer group's committed offset and lag per queue, queue lock holders with
+  their epoch and remaining lease, consumers per group, open transactions.
+
+Every name is listed in ``METRICS`` (documented in docs/operations.md). ``serve`` exposes the
+registry over HTTP at ``/metrics``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Protocol
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    start_http_server,
+)
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+__all__ = ["METRICS", "BrokerMetrics"]
+
+disable_created_metrics()  # no "*_created" series: they double the series count and nobody graphs them
+
+_QUEUE = ("topic", "queue")
+_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+METRICS = {
+    "orderlymq_messages_in_total": "messages stored, per queue",
+    "orderlymq_bytes_in_total": "Arrow bytes stored, per queue",
+    "orderlymq_messages_out_total": "messages served by Pull, per queue",
+    "orderlymq_bytes_out_total": "Arrow bytes served by Pull, per queue",
+    "orderlymq_rpc_duration_seconds": "RPC latency per method (histogram; SendStream per request)",
+    "orderlymq_rpc_errors_total": "failed RPCs per method and gRPC status",
+    "orderlymq_send_streams_open": "SendStream calls open now",
+    "orderlymq_queue_min_offset": "earliest offset still stored, per queue",
+    "orderlymq_queue_max_offset": "next offset to be written, per queue",
+    "orderlymq_queue_stored_bytes": "bytes of the queue's segment files",
+    "orderlymq_group_committed_offset": "a consumer group's committed offset, per queue",
+    "orderlymq_group_lag_messages": "max offset minus the group's committed offset, per queue",
+    "orderlymq_lock_epoch": "fencing epoch of a held queue lock (label client_id: the holder)",
+    "orderlymq_lock_lease_remaining_seconds": "time until a held queue lock expires unless renewed",
+    "orderlymq_group_consumers": "live consumers (heartbeating) per group",
+    "orderlymq_transactions_open": "transactions begun and not yet committed or aborted",
+}
+
+
+class BrokerState(Protocol):
+    """What the state collector reads: the broker service's parts (see ``broker.server``)."""
+
+    store: object
+    offsets: object
+    locks: object
+    members: object
+    txns: object
+
+
+class BrokerMetrics:
+    """The metrics of one broker service; ``serve(port)`` exposes them."""
+
+    def __init__(self, state: BrokerState) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        doc = METRICS
+        self.messages_in = Counter(
+            "orderlymq_messages_in", doc["orderlymq_messages_in_total"], _QUEUE, registry=self.registry
+        )
+        self.bytes_in = Counter("orderlymq_bytes_in", doc["orderlymq_bytes_in_total"], _QUEUE, registry=self.registry)
+        self.messages_out = Counter(
+            "orderlymq_messages_out", doc["orderlymq_messages_out_total"], _QUEUE, registry=self.registry
+        )
+        self.bytes_out = Counter(
+            "orderlymq_bytes_out", doc["orderlymq_bytes_out_total"], _QUEUE, registry=self.registry
+        )
+        self.rpc_duration = Histogram(
+            "orderlymq_rpc_duration_seconds",
+            doc["orderlymq_rpc_duration_seconds"],
+            ("method",),
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.rpc_errors = Counter(
+            "orderlymq_rpc_errors", doc["orderlymq_rpc_errors_total"], ("method", "code"), registry=self.registry
+        )
+        self.send_streams = Gauge(
+            "orderlymq_send_streams_open", doc["orderlymq_send_streams_open"], registry=self.registry
+        )
+        self.registry.register(_StateCollector(state))
+        self._http = None
+
+    def stored(self, topic: str, queue_id: int, messages: int, nbytes: int) -> None:
+        labels = (topic, str(queue_id))
+        self.messages_in.labels(*labels).inc(messages)
+        self.bytes_in.labels(*labels).inc(nbytes)
+
+    def served(self, topic: str, queue_id: int, messages: int, nbytes: int) -> None:
+        if messages:
+            labels = (topic, str(queue_id))
+            self.messages_out.labels(*labels).inc(messages)
+            self.bytes_out.labels(*labels).inc(nbytes)
+
+    def rpc_done(self, method: str, started: float, code: str | None = None) -> None:
+        """Record one RPC that began at ``started`` (``time.perf_counter()``); ``code`` when it failed."""
+        self.rpc_duration.labels(method).observe(time.perf_counter() - started)
+        if code is not None:
+            self.rpc_errors.labels(method, code).inc()
+
+    def serve(self, port: int, host: str = "127.0.0.1") -> int:
+        """Serve ``/metrics`` on ``host:port`` (0 picks a free port); returns the port."""
+        server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        self._http = server
+        return server.server_port
+
+    def close(self) -> None:
+        if self._http is not None:
+            self._http.shutdown()
+            self._http.server_close()
+            self._http = None
+
+
+class _StateCollector(Collector):
+    """Gauges of the broker's state, computed at scrape time."""
+
+    def __init__(self, state: BrokerState) -> None:
+        self._state = state
+
+    def describe(self) -> list:
+        return []  # computed per scrape: nothing to check at registration
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        yield from self._queues()
+        yield from self._groups()
+        yield from self._locks()
+        consumers = _gauge("orderlymq_group_consumers", ("group",))
+        for group in self._state.members.groups():
+            consumers.add_metric((group,), len(self._state.members.consumers(group)))
+        yield consumers
+        open_txns = _gauge("orderlymq_transactions_open", ())
+        open_txns.add_metric((), self._state.txns.open_count())
+        yield open_txns
+
+    def _queue_logs(self):
+        store = self._state.store
+        for topic, count in sorted(store.topics().items()):
+            for queue_id in range(count):
+                yield topic, queue_id, store.queue(topic, queue_id)
+
+    def _queues(self) -> Iterator[GaugeMetricFamily]:
+        low, high, size = (
+            _gauge(n, _QUEUE)
+            for n in ("orderlymq_queue_min_offset", "orderlymq_queue_max_offset", "orderlymq_queue_stored_bytes")
+        )
+        for topic, queue_id, log in self._queue_logs():
+            labels = (topic, str(queue_id))
+            low.add_metric(labels, log.min_offset)
+            high.add_metric(labels, log.max_offset)
+            size.add_metric(labels, log.size_bytes)
+        yield from (low, high, size)
+
+    def _groups(self) -> Iterator[GaugeMetricFamily]:
+        committed = _gauge("orderlymq_group_committed_offset", ("group", *_QUEUE))
+        lag = _gauge("orderlymq_group_lag_messages", ("group", *_QUEUE))
+        store, offsets = self._state.store, self._state.offsets
+        topics = store.topics()
+        for group in offsets.groups():
+            for topic in sorted(topics):
+                for queue_id, offset in offsets.group_offsets(group, topic).items():
+                    if queue_id >= topics[topic]:
+                        continue
+                    labels = (group, topic, str(queue_id))
+                    committed.add_metric(labels, offset)
+                    lag.add_metric(labels, max(0, store.queue(topic, queue_id).max_offset - offset))
+        yield from (committed, lag)
+
+    def _locks(self) -> Iterator[GaugeMetricFamily]:
+        labels = ("group", *_QUEUE, "client_id")
+        epoch = _gauge("orderlymq_lock_epoch", labels)
+        lease = _gauge("orderlymq_lock_lease_remaining_seconds", labels)
+        now_ms = time.time() * 1000
+        for group, info in self._state.locks.all_holders():
+            values = (group, info.topic, str(info.queue_id), info.client_id)
+            epoch.add_metric(values, info.epoch)
+            lease.add_metric(values, max(0.0, (info.expires_at_ms - now_ms) / 1000))
+        yield from (epoch, lease)
+
+
+def _gauge(name: str, labels: tuple[str, ...]) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, METRICS[name], labels=list(labels))

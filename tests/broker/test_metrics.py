@@ -1,0 +1,87 @@
+"""The broker's Prometheus endpoint, scraped over HTTP, against traffic the test made itself."""
+
+from __future__ import annotations
+
+import urllib.request
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from broker.metrics import METRICS
+from connector.client.connection import BrokerConnection, pb
+from tests.support import pull_all, send_rows
+
+
+def scrape(port: int) -> dict[tuple[str, tuple], float]:
+    """``{(sample name, sorted labels): value}`` of one scrape of ``/metrics``."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def value(samples: dict, name: str, **labels) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def test_traffic_offsets_lag_and_locks_match_what_was_done(broker_factory, topic_name):
+    broker = broker_factory(metrics_port=0)
+    port = broker.metrics_port
+    with BrokerConnection(broker.address) as conn:
+        conn.call("CreateTopic", pb.CreateTopicRequest(topic=topic_name, queue_count=2))
+        send_rows(conn, topic_name, 0, [{"key": f"k{i}", "body": b"x" * 10} for i in range(30)])
+        send_rows(conn, topic_name, 1, [{"key": "k", "body": b"y"}] * 5)
+        pulled = pull_all(conn, topic_name, 0, max_messages=20)
+        locked = conn.call("LockBatch", pb.LockBatchRequest(group="g", client_id="c1", topic=topic_name, queue_ids=[0]))
+        conn.call(
+            "CommitOffset",
+            pb.CommitOffsetRequest(
+                group="g", topic=topic_name, queue_id=0, offset=12, client_id="c1", epoch=locked.locked[0].epoch
+            ),
+        )
+        with_error = None
+        try:
+            conn.call("Pull", pb.PullRequest(topic=topic_name, queue_id=7, offset=0), retry=False)
+        except Exception as exc:  # noqa: BLE001 - the failure itself is what the metric must count
+            with_error = exc
+    assert pulled.num_rows == 30 and with_error is not None
+    s = scrape(port)
+    q0, q1 = {"topic": topic_name, "queue": "0"}, {"topic": topic_name, "queue": "1"}
+    assert value(s, "orderlymq_messages_in_total", **q0) == 30
+    assert value(s, "orderlymq_messages_in_total", **q1) == 5
+    assert value(s, "orderlymq_messages_out_total", **q0) == 30
+    assert value(s, "orderlymq_bytes_in_total", **q0) > 0
+    assert value(s, "orderlymq_queue_max_offset", **q0) == 30
+    assert value(s, "orderlymq_queue_min_offset", **q0) == 0
+    assert value(s, "orderlymq_group_committed_offset", group="g", **q0) == 12
+    assert value(s, "orderlymq_group_lag_messages", group="g", **q0) == 18
+    holder = {"group": "g", "client_id": "c1", **q0}
+    assert value(s, "orderlymq_lock_epoch", **holder) == locked.locked[0].epoch
+    assert value(s, "orderlymq_lock_lease_remaining_seconds", **holder) > 0
+    assert value(s, "orderlymq_rpc_duration_seconds_count", method="Send") == 2
+    assert value(s, "orderlymq_rpc_errors_total", method="Pull", code="INVALID_ARGUMENT") == 1
+
+
+def test_lag_follows_a_consumer_catching_up(broker_factory, topic_name):
+    broker = broker_factory(metrics_port=0)
+    with BrokerConnection(broker.address) as conn:
+        conn.call("CreateTopic", pb.CreateTopicRequest(topic=topic_name, queue_count=1))
+        send_rows(conn, topic_name, 0, [{"key": "k", "body": b"x"}] * 10)
+        q0 = {"group": "g", "topic": topic_name, "queue": "0"}
+        lags = []
+        for offset in (0, 4, 10):
+            conn.call("CommitOffset", pb.CommitOffsetRequest(group="g", topic=topic_name, queue_id=0, offset=offset))
+            lags.append(value(scrape(broker.metrics_port), "orderlymq_group_lag_messages", **q0))
+    assert lags == [10, 6, 0]
+
+
+def test_every_exposed_family_is_documented(broker_factory, topic_name):
+    broker = broker_factory(metrics_port=0)
+    with BrokerConnection(broker.address) as conn:
+        conn.call("CreateTopic", pb.CreateTopicRequest(topic=topic_name, queue_count=1))
+        send_rows(conn, topic_name, 0, [{"key": "k", "body": b"x"}])
+    text = urllib.request.urlopen(f"http://127.0.0.1:{broker.metrics_port}/metrics", timeout=10).read().decode()
+    names = {f.name for f in text_string_to_metric_families(text) if f.name.startswith("orderlymq_")}
+    documented = {n.removesuffix("_total") for n in METRICS}
+    assert names and names <= documented, names - documented
