@@ -4,7 +4,7 @@
 
     orderlymq [--brokers HOST:PORT] topic create NAME --queues N
     orderlymq topic list | topic describe NAME | topic delete NAME
-    orderlymq send TOPIC BODY [--key K] [--tag T]
+    orderlymq send TOPIC BODY (--key K | --queue Q | --selector NAME) [--tag T]
     orderlymq tail TOPIC [--queue Q] [--from earliest|latest] [--max N] [--follow]
     orderlymq progress GROUP TOPIC        committed offsets and lag per queue
     orderlymq locks GROUP TOPIC           current queue lock holders
@@ -69,6 +69,8 @@ def _parser() -> argparse.ArgumentParser:
     send.add_argument("topic")
     send.add_argument("body")
     send.add_argument("--key", help="sharding key (routes the message by hash)")
+    send.add_argument("--queue", type=int, help="queue id, for a message without a key")
+    send.add_argument("--selector", choices=("round_robin", "random"), help="pick the queue of a message without a key")
     send.add_argument("--tag")
 
     tail = commands.add_parser("tail", help="print messages of a topic")
@@ -126,7 +128,8 @@ def _topic(args, console: Console) -> None:
 
 def _send(args, console: Console) -> None:
     with Producer(args.brokers, retry_timeout=args.timeout) as producer:
-        result = producer.send(args.topic, args.body.encode("utf-8"), key=args.key, tag=args.tag)
+        result = producer.send(args.topic, args.body.encode("utf-8"), key=args.key, tag=args.tag,
+                               selector=args.selector, queue_id=args.queue)
     console.print(f"sent to {result.topic}[{result.queue_id}] at offset {result.queue_offset}", markup=False)
 
 

@@ -85,24 +85,37 @@ class BrokerConnection:
                 self._channel = self._stub = None
                 self._index = (self._index + 1) % len(self.addresses)
 
-    def call(self, method: str, request: Any, *, timeout: float | None = None, retry: bool = True) -> Any:
+    def call(
+        self,
+        method: str,
+        request: Any,
+        *,
+        timeout: float | None = None,
+        retry: bool = True,
+        deadline: float | None = None,
+    ) -> Any:
         """Invoke RPC ``method`` (e.g. ``"Pull"``); raise the ``OrderlyMQError`` it failed with.
 
         With ``retry``, an unavailable broker is retried with jittered backoff until
         ``retry_timeout`` has passed. Only pass ``retry=True`` for calls that are safe to repeat.
+        ``deadline`` (``time.monotonic()``) bounds the whole call, attempts and retries together.
         """
-        deadline = time.monotonic() + self.retry_timeout
+        end = deadline if deadline is not None else time.monotonic() + self.retry_timeout
         delay = 0.05
         while True:
+            attempt = timeout or self.timeout
+            if deadline is not None:
+                attempt = max(min(attempt, deadline - time.monotonic()), 0.001)
             try:
-                return getattr(self.stub, method)(request, timeout=timeout or self.timeout)
+                return getattr(self.stub, method)(request, timeout=attempt)
             except grpc.RpcError as err:
                 error = from_rpc_error(err)
                 if not (retry and isinstance(error, BrokerUnavailableError)):
                     raise error from None
-                if time.monotonic() + delay > deadline:
+                if time.monotonic() + delay > end:
+                    waited = f"{self.retry_timeout:g}s" if deadline is None else "the whole time allowed"
                     raise BrokerUnavailableError(
-                        f"broker {self.address} unavailable for {self.retry_timeout:g}s "
+                        f"broker {self.address} unavailable for {waited} "
                         f"(last error: {error}); is it running? start one with `orderlymq-broker`"
                     ) from None
                 self._fail_over()

@@ -88,6 +88,11 @@ class OrderlyConsumer(PushConsumer):
         Messages per pull, messages per listener call, listener threads, buffered messages per queue.
     timeout, retry_timeout : float
         Seconds per RPC attempt, and how long an unreachable broker is retried.
+    on_data_loss : callable, optional
+        ``on_data_loss(error)`` with a ``MessagesLostError`` (``topic``, ``queue_id``, ``first_lost``,
+        ``first_kept``, ``lost``) when retention removed messages of a queue before they were
+        consumed; when it returns, the queue continues at ``first_kept``. Without it (default) such a
+        queue stops being consumed, and the error is logged and listed in ``data_losses``.
     """
 
     orderly = True
@@ -157,7 +162,7 @@ class OrderlyConsumer(PushConsumer):
         if epoch is None:
             log.info("consumer %s: %s is locked by another client; will retry", self.client_id, mq)
             return None
-        return ProcessQueue(mq, self._start_offset(mq), epoch)
+        return self._new_process_queue(mq, epoch)
 
     def _lock_loop(self) -> None:
         while not self._stop.wait(self.lock_interval):

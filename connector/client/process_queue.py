@@ -33,6 +33,7 @@ class ProcessQueue:
         self.locked = epoch > 0
         self.last_lock_time = time.monotonic() if self.locked else 0.0
         self.dropped = False
+        self.lost = None  # a MessagesLostError not accepted: the queue is not pulled any more
         self.scheduled = False  # a consume request is queued or running
         self.suspended_until = 0.0
         self.local_lock = threading.Lock()

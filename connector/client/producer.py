@@ -4,6 +4,17 @@ Every send, synchronous or not, goes through one pipelined ``SendStream``
 (``connector.client.sender``): a later message of a queue is never stored before an earlier one,
 even when the stream breaks and batches are resent.
 
+Delivery timeout: ``send`` and ``send_batch`` return or raise within ``retry_timeout`` seconds of
+the call (route lookup included), and the future of ``send_async`` resolves within that time. A send
+that fails with plain ``BrokerUnavailableError`` was never stored and never will be: send it again.
+A send that fails with ``SendOutcomeUnknownError`` (a subclass) had reached the broker: it may be
+stored. Do not send it again; ``resolve(error)`` returns where it is stored once the broker answers
+(the producer resends it under the same producer id and sequence, stored at most once, ahead of any
+later message of its queue).
+
+Routing: a message with a key goes to ``queue_for_key(key, N)``; a message without a key needs a
+selector (``"round_robin"``, ``"random"``, a callable) or an explicit ``queue_id``.
+
 Example
 -------
 >>> with Producer("127.0.0.1:9876") as producer:                        # doctest: +SKIP
@@ -13,6 +24,7 @@ Example
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
@@ -28,13 +40,14 @@ from broker.wire.errors import (
     BrokerUnavailableError,
     InvalidRequestError,
     QueueOutOfRangeError,
+    SendOutcomeUnknownError,
     TopicNotFoundError,
 )
 from broker.wire.routing import queue_for_key
 from connector.client.connection import BrokerConnection
 from connector.client.messages import Message, MessageQueue, SendResult
 from connector.client.routes import RouteCache
-from connector.client.selectors import QueueSelector, SelectByHash, SelectRoundRobin, resolve_selector, select_queue
+from connector.client.selectors import SELECTORS, QueueSelector, SelectByHash, resolve_selector, select_queue
 from connector.client.sender import PipelinedSender
 
 __all__ = ["Producer", "RoutedChunk"]
@@ -85,10 +98,11 @@ class Producer:
     producer_group : str
         A name for this kind of producer (logged; part of the idempotent producer id).
     timeout : float
-        Seconds one RPC attempt may take, and how long ``send`` waits for its acknowledgement
-        on top of ``retry_timeout``.
+        Seconds one RPC attempt may take (route lookups, transactions).
     retry_timeout : float
-        How long an unreachable broker is retried before sends fail with ``BrokerUnavailableError``.
+        The delivery timeout: every send is answered within this many seconds of the call, route
+        lookup included: stored, refused, or failed with ``BrokerUnavailableError`` (not stored) or
+        ``SendOutcomeUnknownError`` (may be stored; see ``resolve``).
     linger_ms : float
         How long an asynchronous send may wait to be coalesced with others of its queue.
     max_batch_messages, max_batch_bytes : int
@@ -122,8 +136,8 @@ class Producer:
         self.timeout = timeout
         self.retry_timeout = retry_timeout
         self.routes = RouteCache(self.connection, ttl=route_ttl)
-        self._hash = SelectByHash()
-        self._round_robin = SelectRoundRobin()
+        # Named selectors live as long as the producer: "round_robin" keeps its position per topic.
+        self._selectors: dict[str, QueueSelector] = {name: cls() for name, cls in SELECTORS.items()}
         self._sender = PipelinedSender(
             self.connection,
             self.producer_id,
@@ -132,19 +146,30 @@ class Producer:
             max_batch_bytes=max_batch_bytes,
             max_in_flight_per_queue=max_in_flight_per_queue,
             max_buffered_messages=max_buffered_messages,
-            retry_timeout=retry_timeout,
+            delivery_timeout=retry_timeout,
         )
 
     # -- routing -------------------------------------------------------------------------------
 
-    def queues(self, topic: str) -> list[MessageQueue]:
+    def queues(self, topic: str, *, deadline: float | None = None) -> list[MessageQueue]:
         """The topic's queues (cached route); ``TopicNotFoundError`` when it does not exist."""
-        return self.routes.queues(topic)
+        return self.routes.queues(topic, deadline=deadline)
 
-    def _selector_for(self, selector: QueueSelector | None, key: Any) -> QueueSelector:
+    def _resolve(self, selector: str | QueueSelector | None) -> QueueSelector | None:
+        if isinstance(selector, str) and selector in self._selectors:
+            return self._selectors[selector]
+        return resolve_selector(selector)
+
+    def _selector_for(self, selector: QueueSelector | None, key: Any, topic: str) -> QueueSelector:
         if selector is not None:
             return selector
-        return self._round_robin if key is None else self._hash
+        if key is None:
+            raise InvalidRequestError(
+                f"a message to topic {topic!r} has no sharding key, so no queue is implied: pass key=... "
+                "(messages of one key stay in order), or choose the queue with selector='round_robin' / "
+                "'random' / a callable, or queue_id=..."
+            )
+        return self._selectors["hash"]
 
     def select_queue(
         self,
@@ -159,16 +184,25 @@ class Producer:
         _check_key(key)
         queues = self.queues(topic)
         msg = message or Message(topic=topic, body=b"", key=key)
-        return select_queue(self._selector_for(resolve_selector(selector), key), queues, msg, arg)
+        return select_queue(self._selector_for(self._resolve(selector), key, topic), queues, msg, arg)
 
     def _route_one(
-        self, topic: str, row: dict, selector: str | QueueSelector | None, arg: Any, queue_id: int | None
+        self,
+        topic: str,
+        row: dict,
+        selector: str | QueueSelector | None,
+        arg: Any,
+        queue_id: int | None,
+        deadline: float | None = None,
     ) -> int:
-        queues = self.queues(topic)
+        chosen = self._resolve(selector)
+        if chosen is None and queue_id is None:
+            self._selector_for(None, row["key"], topic)  # a null key fails before any lookup
+        queues = self.queues(topic, deadline=deadline)
         if queue_id is not None:
             return _check_queue_id(topic, queue_id, len(queues))
         key = row["key"]
-        sel = self._selector_for(resolve_selector(selector), key)
+        sel = self._selector_for(chosen, key, topic)
         if isinstance(sel, SelectByHash) and key is not None:
             return queue_for_key(key, len(queues))
         return select_queue(sel, queues, _dict_message(topic, row), arg)
@@ -181,9 +215,10 @@ class Producer:
         selector: str | QueueSelector | None = None,
         arg: Any = None,
         queue_id: int | None = None,
+        deadline: float | None = None,
     ) -> list[RoutedChunk]:
         """Split messages into one normalized table per queue, each in input order."""
-        queues = self.queues(topic)
+        queues = self.queues(topic, deadline=deadline)
         if isinstance(messages, pa.RecordBatch):
             messages = pa.Table.from_batches([messages])
         if isinstance(messages, pa.Table):
@@ -202,12 +237,12 @@ class Producer:
         n = table.num_rows
         if queue_id is not None:
             return [RoutedChunk(_check_queue_id(topic, queue_id, len(queues)), table, list(range(n)))]
-        chosen = resolve_selector(selector)
+        chosen = self._resolve(selector)
         positions: dict[int, list[int]] = defaultdict(list)
         for i in range(n):
             key = raw[i]
             _check_key(key)
-            sel = self._selector_for(chosen, key)
+            sel = self._selector_for(chosen, key, topic)
             if isinstance(sel, SelectByHash) and key is not None:
                 positions[queue_for_key(key, len(queues))].append(i)
             else:
@@ -238,9 +273,10 @@ class Producer:
         ``callback(future)`` runs on the producer's I/O thread when the send completes: keep it short
         and do not wait on other sends from it.
         """
+        deadline = time.monotonic() + self.retry_timeout
         row = _message_row(body, key, tag, properties)
-        target = self._route_one(topic, row, selector, arg, queue_id)
-        (future,) = self._sender.submit(topic, target, [row], single=True, urgent=False)
+        target = self._route_one(topic, row, selector, arg, queue_id, deadline)
+        (future,) = self._sender.submit(topic, target, [row], single=True, urgent=False, deadline=deadline)
         future.add_done_callback(self._route_check(topic))
         if callback is not None:
             future.add_done_callback(callback)
@@ -260,12 +296,15 @@ class Producer:
     ) -> SendResult:
         """Send one message and wait until the broker stored it; returns where.
 
-        Raises ``TopicNotFoundError``, ``InvalidRequestError`` (null key with the hash selector, bad
-        key type), ``QueueOutOfRangeError`` (a selector's bad answer), ``BrokerUnavailableError``.
+        Raises ``TopicNotFoundError``, ``InvalidRequestError`` (no key and no selector or queue, bad
+        key type), ``QueueOutOfRangeError`` (a selector's bad answer), ``BrokerUnavailableError`` (not
+        stored: send again) or its subclass ``SendOutcomeUnknownError`` (may be stored: see
+        ``resolve``), within ``retry_timeout`` seconds.
         """
+        deadline = time.monotonic() + self.retry_timeout
         row = _message_row(body, key, tag, properties)
-        target = self._route_one(topic, row, selector, arg, queue_id)
-        (future,) = self._sender.submit(topic, target, [row], single=True, urgent=True)
+        target = self._route_one(topic, row, selector, arg, queue_id, deadline)
+        (future,) = self._sender.submit(topic, target, [row], single=True, urgent=True, deadline=deadline)
         return self._wait(future, topic)
 
     def send_batch(
@@ -280,9 +319,11 @@ class Producer:
         """Send many messages (an Arrow table, or dicts with ``body`` and optional ``key``, ``tag``,
         ``properties``); each row is routed like ``send``. Returns one result per message, in input
         order. Rows of one queue are stored in input order, in as few requests as the limits allow."""
+        deadline = time.monotonic() + self.retry_timeout
         futures = []
-        for chunk in self.route(topic, messages, selector=selector, arg=arg, queue_id=queue_id):
-            futures.append((chunk, self._sender.submit(topic, chunk.queue_id, chunk.table, single=False, urgent=True)))
+        for chunk in self.route(topic, messages, selector=selector, arg=arg, queue_id=queue_id, deadline=deadline):
+            parts = self._sender.submit(topic, chunk.queue_id, chunk.table, single=False, urgent=True, deadline=deadline)
+            futures.append((chunk, parts))
         total = sum(len(chunk.positions) for chunk, _ in futures)
         out: list[SendResult | None] = [None] * total
         for chunk, parts in futures:
@@ -301,16 +342,44 @@ class Producer:
         return check
 
     def _wait(self, future: Future, topic: str):
-        timeout = self.retry_timeout * 2 + self.timeout
+        # No timeout of its own: the sender answers every send by its deadline (its watchdog), and a
+        # wait that gave up earlier would report a failure for a message that may still be stored.
         try:
-            return future.result(timeout=timeout)
+            return future.result()
         except (TopicNotFoundError, QueueOutOfRangeError):
             self.routes.invalidate(topic)
             raise
+
+    def resolve(self, error: SendOutcomeUnknownError, timeout: float | None = None) -> list[SendResult]:
+        """Where the messages of a send that failed with ``SendOutcomeUnknownError`` are stored.
+
+        The producer resends such a batch itself (same producer id and sequence, so the broker stores
+        it at most once, before any later message of its queue) until the broker answers. This waits
+        for that answer up to ``timeout`` seconds (None: as long as it takes) and returns one result
+        per message; ``duplicate`` is True when the broker had stored the batch before the error.
+
+        Raises ``BrokerUnavailableError`` when the broker has not answered within ``timeout`` (call
+        again later), ``SendOutcomeUnknownError`` when the outcome can no longer be settled (the
+        producer was closed first), ``InvalidRequestError`` for an error of another producer.
+        """
+        if not isinstance(error, SendOutcomeUnknownError) or error.producer_id != self.producer_id:
+            raise InvalidRequestError("resolve() takes a SendOutcomeUnknownError raised by this producer's sends")
+        future = self._sender.settlement(error.topic, error.queue_id, error.sequence)
+        if future is None:
+            raise InvalidRequestError(
+                f"batch {error.sequence} of {error.topic}/{error.queue_id} is no longer tracked by this producer"
+            )
+        try:
+            base, store_timestamp, duplicate = future.result(timeout)
         except FuturesTimeout:
             raise BrokerUnavailableError(
-                f"no acknowledgement from broker {self.connection.address} within {timeout:.0f}s"
+                f"broker {self.connection.address} has not answered within {timeout:g}s; the outcome of batch "
+                f"{error.sequence} of {error.topic}/{error.queue_id} is still unknown: call resolve() again"
             ) from None
+        first = base + error.batch_index
+        return [
+            SendResult(error.topic, error.queue_id, first + i, store_timestamp, duplicate) for i in range(error.count)
+        ]
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every message sent so far is acknowledged or failed; False on timeout."""

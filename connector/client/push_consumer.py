@@ -5,6 +5,14 @@ Threads of one consumer: a service thread (heartbeat, membership watch, rebalanc
 a pull thread (every assigned queue in turn; pulls never block the broker, so a consumer holds at
 most one pull at a time), a pool of ``consume_threads`` running listeners, and a scheduler for
 delayed work. The subclass decides how pulled messages are consumed.
+
+Retention gaps are never skipped silently: when messages a queue should deliver next were removed
+by retention (its committed offset, or its pull position, is below the queue's first stored
+offset), the consumer builds a ``MessagesLostError`` naming the queue and the lost range. With
+``on_data_loss=None`` (the default) that queue stops being consumed (its lock is kept, so no other
+instance skips the gap either), the error is logged and listed in ``data_losses``. With an
+``on_data_loss(error)`` callback, the consumer calls it and, when it returns, continues from the
+first message kept; when it raises, the queue stops as without a callback.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from broker.wire.errors import (
     BrokerUnavailableError,
     FencedError,
     InvalidOptionError,
+    MessagesLostError,
     OffsetOutOfRangeError,
     OrderlyMQError,
     TopicNotFoundError,
@@ -93,6 +102,7 @@ class PushConsumer(abc.ABC):
         offset_store_dir: str | Path | None = None,
         timeout: float = 10.0,
         retry_timeout: float = 30.0,
+        on_data_loss: Callable[[MessagesLostError], None] | None = None,
     ) -> None:
         if not isinstance(group, str) or not _GROUP_NAME.match(group):
             raise InvalidOptionError(f"group must be 1-100 letters, digits, '_', '.', '|' or '-', got {group!r}")
@@ -130,6 +140,10 @@ class PushConsumer(abc.ABC):
         self.pull_threshold_per_queue = pull_threshold_per_queue
         self.max_reconsume_times = max_reconsume_times
         self.idle_pull = idle_pull_ms / 1000
+        if on_data_loss is not None and not callable(on_data_loss):
+            raise InvalidOptionError(f"on_data_loss must be a callable(error) or None, got {on_data_loss!r}")
+        self.on_data_loss = on_data_loss
+        self._data_losses: list[MessagesLostError] = []
         self.offset_store_dir = Path(offset_store_dir) if offset_store_dir else Path.home() / ".orderlymq" / "offsets"
         self.routes = RouteCache(self.connection)
         self.subscriptions: dict[str, str] = {}
@@ -150,6 +164,12 @@ class PushConsumer(abc.ABC):
     @property
     def broadcasting(self) -> bool:
         return self.message_model == BROADCASTING
+
+    @property
+    def data_losses(self) -> list[MessagesLostError]:
+        """Retention gaps that stopped a queue (not accepted by ``on_data_loss``), oldest first."""
+        with self._table_lock:
+            return list(self._data_losses)
 
     # -- configuration -------------------------------------------------------------------------
 
@@ -346,10 +366,82 @@ class PushConsumer(abc.ABC):
                 del self.table[pq.mq]
 
     def _create_process_queue(self, mq: MessageQueue) -> ProcessQueue | None:
-        return ProcessQueue(mq, self._start_offset(mq))
+        return self._new_process_queue(mq)
+
+    def _new_process_queue(self, mq: MessageQueue, epoch: int = 0) -> ProcessQueue:
+        """A process queue at the start offset, or stopped at a retention gap not accepted."""
+        try:
+            return ProcessQueue(mq, self._start_offset(mq), epoch)
+        except MessagesLostError as lost:
+            pq = ProcessQueue(mq, lost.first_lost, epoch)
+            self._stop_at_gap(pq, lost)
+            return pq
 
     def _start_offset(self, mq: MessageQueue) -> int:
-        return start_offset(self.connection, mq, self.store.read(mq), self.consume_from, self.consume_timestamp)
+        """Where ``mq`` starts; ``MessagesLostError`` when retention removed messages after the
+        committed offset and ``on_data_loss`` does not accept it."""
+        committed = self.store.read(mq)
+        offset = start_offset(self.connection, mq, committed, self.consume_from, self.consume_timestamp)
+        if 0 <= committed < offset:  # the committed offset was clamped up to the first message kept
+            refused = self._data_lost(mq, committed, offset)
+            if refused is not None:
+                raise refused
+        return offset
+
+    # -- retention gaps ------------------------------------------------------------------------
+
+    def _data_lost(self, mq: MessageQueue, first_lost: int, first_kept: int) -> MessagesLostError | None:
+        """Report ``[first_lost, first_kept)`` of ``mq`` as lost; None when ``on_data_loss`` accepted it."""
+        error = MessagesLostError(
+            f"retention removed {first_kept - first_lost} message(s) of {mq} (offsets {first_lost} to "
+            f"{first_kept - 1}) before group {self.group!r} consumed them. Pass on_data_loss=callable to accept "
+            f"such gaps and continue from the first message kept, or keep messages longer (retention_ms / "
+            f"retention_bytes of the broker)",
+            topic=mq.topic,
+            queue_id=mq.queue_id,
+            first_lost=first_lost,
+            first_kept=first_kept,
+        )
+        if self.on_data_loss is None:
+            return error
+        try:
+            self.on_data_loss(error)
+        except Exception as exc:  # noqa: BLE001 - the handler's refusal stops the queue
+            log.error("consumer %s: on_data_loss raised %r; not consuming %s any more", self.client_id, exc, mq)
+            return error
+        log.warning("consumer %s: %s (accepted by on_data_loss; continuing at %d)", self.client_id, error, first_kept)
+        return None
+
+    def _stop_at_gap(self, pq: ProcessQueue, error: MessagesLostError) -> None:
+        pq.lost = error
+        log.error("consumer %s stopped consuming %s: %s", self.client_id, pq.mq, error)
+        with self._table_lock:
+            known = {(e.topic, e.queue_id, e.first_lost) for e in self._data_losses}
+            if (error.topic, error.queue_id, error.first_lost) not in known:
+                self._data_losses.append(error)
+
+    def _out_of_range(self, pq: ProcessQueue, exc: OffsetOutOfRangeError) -> None:
+        """A pull refused for its offset: a retention gap when below the queue's first message."""
+        try:
+            lowest, highest, _ = self._query_offsets(pq.mq)
+        except OrderlyMQError as err:
+            log.warning("consumer %s: %s; cannot query %s: %s", self.client_id, exc, pq.mq, err)
+            return
+        if pq.next_offset < lowest:
+            refused = self._data_lost(pq.mq, pq.next_offset, lowest)
+            if refused is not None:
+                self._stop_at_gap(pq, refused)
+                return
+            pq.next_offset = lowest
+            if pq.idle():
+                self._commit(pq, lowest)  # so a restart does not report the same gap again
+            return
+        pq.next_offset = min(pq.next_offset, highest)  # beyond the end (a recreated topic): go back to it
+        log.warning("consumer %s: %s; moved %s to %d", self.client_id, exc, pq.mq, pq.next_offset)
+
+    def _query_offsets(self, mq: MessageQueue) -> tuple[int, int, int]:
+        r = self.connection.call("QueryOffsets", pb.QueryOffsetsRequest(topic=mq.topic, queue_id=mq.queue_id))
+        return r.min_offset, r.max_offset, r.offset_for_timestamp
 
     def _remove_unnecessary(self, pq: ProcessQueue) -> bool:
         """A queue rebalanced away: True once it may leave the table."""
@@ -401,7 +493,7 @@ class PushConsumer(abc.ABC):
     # -- pulling -------------------------------------------------------------------------------
 
     def _pullable(self, pq: ProcessQueue) -> bool:
-        return not pq.dropped and pq.count < self.pull_threshold_per_queue
+        return not pq.dropped and pq.lost is None and pq.count < self.pull_threshold_per_queue
 
     def _pull_request(self, pq: ProcessQueue) -> pb.PullRequest:
         return pb.PullRequest(
@@ -428,8 +520,7 @@ class PushConsumer(abc.ABC):
                     pq.locked = False
                     continue
                 except OffsetOutOfRangeError as exc:
-                    pq.next_offset = self._start_offset(pq.mq)
-                    log.warning("consumer %s: %s; moved %s to %d", self.client_id, exc, pq.mq, pq.next_offset)
+                    self._out_of_range(pq, exc)
                     continue
                 except BrokerUnavailableError as exc:
                     log.warning("consumer %s: %s", self.client_id, exc)

@@ -20,13 +20,14 @@ class RouteCache:
         self._lock = threading.Lock()
         self._routes: dict[str, tuple[float, list[MessageQueue]]] = {}
 
-    def queues(self, topic: str, *, refresh: bool = False) -> list[MessageQueue]:
+    def queues(self, topic: str, *, refresh: bool = False, deadline: float | None = None) -> list[MessageQueue]:
+        """The topic's queues; a lookup gives up at ``deadline`` (``time.monotonic()``) when given."""
         now = time.monotonic()
         with self._lock:
             cached = self._routes.get(topic)
         if cached is not None and not refresh and now - cached[0] < self.ttl:
             return cached[1]
-        route = self._conn.call("DescribeTopic", pb.DescribeTopicRequest(topic=topic))
+        route = self._conn.call("DescribeTopic", pb.DescribeTopicRequest(topic=topic), deadline=deadline)
         queues = [MessageQueue(topic, i) for i in range(route.queue_count)]
         with self._lock:
             self._routes[topic] = (now, queues)

@@ -12,7 +12,11 @@ topic's queues in queue-id order. The built-in ones, by name:
 ``"random"``
     A uniformly random queue.
 ``"round_robin"``
-    The next queue in turn, per topic. The default when no key is given.
+    The next queue in turn, per topic. A producer keeps one instance for its whole life, so its
+    position per topic carries over from send to send.
+
+No selector is implied for a message without a key: the producer asks for ``key=``, a selector or
+a ``queue_id`` (a keyless message has no order to keep, so where it goes is the caller's choice).
 """
 
 from __future__ import annotations

@@ -10,15 +10,25 @@ order. Batches of one queue are written to the stream in sequence order. When th
 every unacknowledged batch is written again, in the same order, with the same producer id and
 sequence: those the broker had stored come back as ``duplicate`` with their original offsets, the
 others are stored after them. A batch the broker rejects (a per-request error) is never resent, so no
-batch is ever stored after a later batch of its queue. When the broker stays unreachable for
-``retry_timeout`` seconds, every waiting send fails with ``BrokerUnavailableError``; nothing is dropped
-silently.
+batch is ever stored after a later batch of its queue.
+
+Delivery timeout: every send is answered within ``delivery_timeout`` seconds of its submission (a
+watchdog enforces it, whatever the stream is doing). When that time passes without an answer, the
+stream is cancelled and every waiting send fails, in one of two ways:
+
+- a send that was never written to the stream fails with ``BrokerUnavailableError``: the broker never
+  received it, it is dropped and never sent later;
+- a send that was written fails with ``SendOutcomeUnknownError``: it may already be stored. Its batch
+  stays at the head of its queue and is resent, with the same producer id and sequence, on every later
+  stream until the broker answers (it stores it at most once); only then do later batches of the
+  queue follow, so the queue's order holds. The answer settles the outcome (``settlement``).
 """
 
 from __future__ import annotations
 
 import logging
 import queue as queue_mod
+import random
 import threading
 import time
 from collections import deque
@@ -30,7 +40,14 @@ import grpc
 import pyarrow as pa
 
 from broker.wire import codec
-from broker.wire.errors import BadBatchError, BrokerUnavailableError, OrderlyMQError, from_status
+from broker.wire.errors import (
+    BadBatchError,
+    BrokerUnavailableError,
+    OrderlyMQError,
+    SendOutcomeUnknownError,
+    from_rpc_error,
+    from_status,
+)
 from connector.client.connection import BrokerConnection, pb
 from connector.client.messages import SendResult
 
@@ -39,6 +56,7 @@ __all__ = ["PipelinedSender"]
 log = logging.getLogger(__name__)
 
 _STATUS_BY_VALUE = {status.value[0]: status for status in grpc.StatusCode}
+_MAX_SETTLEMENTS = 10_000  # settled outcomes kept for ``settlement`` (oldest dropped)
 
 
 @dataclass(eq=False)
@@ -52,6 +70,7 @@ class _Chunk:
     single: bool
     nbytes: int
     num_rows: int
+    deadline: float
 
 
 def _row_bytes(row: dict) -> int:
@@ -66,6 +85,13 @@ class _Batch:
     chunks: list[_Chunk]
     request: pb.SendRequest | None = None
     error: OrderlyMQError | None = None
+    written: bool = False  # handed to a stream: the broker may have it
+    dropped: bool = False  # failed before it was written: never to be sent
+    settled: Future | None = None  # set once reported as of unknown outcome
+
+    @property
+    def deadline(self) -> float:
+        return min(chunk.deadline for chunk in self.chunks)
 
 
 def _batch_table(chunks: list[_Chunk]) -> pa.Table:
@@ -109,7 +135,7 @@ class PipelinedSender:
         max_batch_bytes: int = 1 << 20,
         max_in_flight_per_queue: int = 4,
         max_buffered_messages: int = 100_000,
-        retry_timeout: float = 30.0,
+        delivery_timeout: float = 30.0,
     ) -> None:
         self._conn = connection
         self.producer_id = producer_id
@@ -118,39 +144,53 @@ class PipelinedSender:
         self.max_batch_bytes = max_batch_bytes
         self.window = max_in_flight_per_queue
         self.max_buffered = max_buffered_messages
-        self.retry_timeout = retry_timeout
+        self.delivery_timeout = delivery_timeout
         self._cond = threading.Condition()
         self._partitions: dict[tuple[str, int], _Partition] = {}
         self._in_flight: deque[_Batch] = deque()
         self._requests: queue_mod.SimpleQueue | None = None
+        self._call: grpc.Future | None = None
+        self._settlements: dict[tuple[str, int, int], Future] = {}
         self._outstanding = 0  # chunks submitted and not yet resolved
         self._buffered = 0  # rows submitted and not yet on the stream
         self._flushing = 0
         self._closed = False
         self._dispatcher = threading.Thread(target=self._dispatch_loop, name="orderlymq-send-dispatch", daemon=True)
         self._streamer = threading.Thread(target=self._stream_loop, name="orderlymq-send-stream", daemon=True)
+        self._watchdog = threading.Thread(target=self._watch_loop, name="orderlymq-send-watchdog", daemon=True)
         self._dispatcher.start()
         self._streamer.start()
+        self._watchdog.start()
 
     # -- submitting ----------------------------------------------------------------------------
 
     def submit(
-        self, topic: str, queue_id: int, data: pa.Table | list[dict], *, single: bool, urgent: bool
+        self,
+        topic: str,
+        queue_id: int,
+        data: pa.Table | list[dict],
+        *,
+        single: bool,
+        urgent: bool,
+        deadline: float | None = None,
     ) -> list[Future]:
         """Queue rows for ``(topic, queue_id)``: a normalized table, or validated message dicts (see
         ``codec.messages_to_batch``). Returns one future per chunk of at most one batch; a future
-        resolves to a ``SendResult`` (``single``) or a list of them, one per row.
+        resolves to a ``SendResult`` (``single``) or a list of them, one per row, or fails by
+        ``deadline`` (``time.monotonic()``; default: now + ``delivery_timeout``).
         """
+        if deadline is None:
+            deadline = time.monotonic() + self.delivery_timeout
         chunks = []
         if isinstance(data, list):
-            chunks.append(_Chunk(None, data, Future(), single, sum(map(_row_bytes, data)), len(data)))
+            chunks.append(_Chunk(None, data, Future(), single, sum(map(_row_bytes, data)), len(data), deadline))
         else:
             step = self.max_batch_messages
             if data.num_rows > 1 and data.nbytes > self.max_batch_bytes:
                 step = max(1, min(step, int(data.num_rows * self.max_batch_bytes / data.nbytes)))
             for start in range(0, data.num_rows, step):
                 part = data.slice(start, step)
-                chunks.append(_Chunk(part, None, Future(), single, part.nbytes, part.num_rows))
+                chunks.append(_Chunk(part, None, Future(), single, part.nbytes, part.num_rows, deadline))
         with self._cond:
             if self._closed:
                 raise OrderlyMQError("the producer is closed; create a new one to send")
@@ -186,15 +226,29 @@ class PipelinedSender:
                 self._flushing -= 1
 
     def close(self, timeout: float | None = None) -> None:
-        """Flush, then stop the stream and the threads."""
+        """Flush, then stop the stream and the threads.
+
+        Batches of unknown outcome not settled by then stay unknown: their settlements fail.
+        """
         self.flush(timeout)
         with self._cond:
             self._closed = True
             if self._requests is not None:
                 self._requests.put(None)
+            call = self._call if all(b.settled is not None for b in self._in_flight) else None
             self._cond.notify_all()
-        self._dispatcher.join(timeout=5)
-        self._streamer.join(timeout=5)
+        if call is not None:
+            call.cancel()  # only unsettled batches are left: do not wait for a broker that may not answer
+        for thread in (self._dispatcher, self._streamer, self._watchdog):
+            thread.join(timeout=5)
+
+    def settlement(self, topic: str, queue_id: int, sequence: int) -> Future | None:
+        """The future settling batch ``sequence`` of a queue once reported as of unknown outcome: it
+        resolves to ``(base_offset, store_timestamp, duplicate)`` when the broker answers its resend
+        (``duplicate``: it had been stored before), or fails when it cannot be settled. None for a
+        batch never reported as unknown (or settled long ago)."""
+        with self._cond:
+            return self._settlements.get((topic, queue_id, sequence))
 
     # -- dispatching ---------------------------------------------------------------------------
 
@@ -276,72 +330,96 @@ class PipelinedSender:
                     self._in_flight.append(batch)
                     self._buffered -= sum(c.num_rows for c in batch.chunks)
                     if self._requests is not None:
-                        self._requests.put(batch.request)
+                        self._requests.put(batch)
                 self._cond.notify_all()
+
 
     # -- the stream ----------------------------------------------------------------------------
 
-    @staticmethod
-    def _iterate(requests: queue_mod.SimpleQueue) -> Iterator[pb.SendRequest]:
+    def _iterate(self, requests: queue_mod.SimpleQueue) -> Iterator[pb.SendRequest]:
+        """The stream's requests; a batch counts as written (possibly received) from here on."""
         while True:
-            item = requests.get()
-            if item is None:
+            batch = requests.get()
+            if batch is None:
                 return
-            yield item
+            with self._cond:
+                if batch.dropped:
+                    continue
+                batch.written = True
+            yield batch.request
+
+    def _open_stream(self) -> tuple[grpc.Future, queue_mod.SimpleQueue] | None:
+        """Wait for batches to send and open a stream carrying them in order; None once closed and done."""
+        with self._cond:
+            while not self._in_flight and not (self._closed and not self._outstanding):
+                self._cond.wait(0.5)
+            done = not self._in_flight or (self._closed and all(b.settled is not None for b in self._in_flight))
+            if not done:
+                return self._open_locked()
+        self._abandon("the producer was closed before the broker answered")
+        return None
+
+    def _open_locked(self) -> tuple[grpc.Future, queue_mod.SimpleQueue]:
+        with self._cond:
+            requests: queue_mod.SimpleQueue = queue_mod.SimpleQueue()
+            for batch in self._in_flight:
+                requests.put(batch)
+            self._requests = requests
+            call = self._conn.stub.SendStream(self._iterate(requests))
+            self._call = call
+            return call, requests
 
     def _stream_loop(self) -> None:
-        failing_since: float | None = None
         delay = 0.05
         while True:
-            with self._cond:
-                while not self._in_flight and not (self._closed and not self._outstanding):
-                    self._cond.wait(0.5)
-                if not self._in_flight:
-                    return
-                requests: queue_mod.SimpleQueue = queue_mod.SimpleQueue()
-                for batch in self._in_flight:
-                    requests.put(batch.request)
-                self._requests = requests
+            opened = self._open_stream()
+            if opened is None:
+                return
+            call, requests = opened
             error: OrderlyMQError | None = None
             try:
-                for response in self._conn.stream("SendStream", self._iterate(requests)):
-                    failing_since, delay = None, 0.05
+                for response in call:
+                    delay = 0.05
                     self._acknowledge(response)
-            except OrderlyMQError as exc:
-                error = exc
+            except grpc.RpcError as err:
+                error = from_rpc_error(err)
             with self._cond:
-                self._requests = None
+                self._requests = self._call = None
                 requests.put(None)
                 broken = bool(self._in_flight)
             if not broken:
                 continue
-            now = time.monotonic()
-            failing_since = failing_since or now
             log.warning(
                 "send stream to %s broke (%s); resending %d unacknowledged batch(es)",
                 self._conn.address,
                 error or "stream ended",
                 len(self._in_flight),
             )
-            if now - failing_since + delay > self.retry_timeout or not isinstance(error, BrokerUnavailableError | None):
-                self._fail_all(error)
-                failing_since, delay = None, 0.05
+            if error is not None and not isinstance(error, BrokerUnavailableError):
+                self._expire(error)  # the broker refused the stream itself: resending would not help
+                self._abandon(f"the broker refused the send stream: {error}")
                 continue
-            time.sleep(delay)
+            self._conn._fail_over()  # noqa: SLF001 - the next stream goes to the next address, if any
+            with self._cond:
+                self._cond.wait(delay * (0.5 + random.random()))
             delay = min(delay * 2, 1.0)
-            try:
-                self._conn.call("Health", pb.HealthRequest(), retry=True)
-            except OrderlyMQError as exc:
-                self._fail_all(exc)
-                failing_since, delay = None, 0.05
 
     def _acknowledge(self, response: pb.SendResponse) -> None:
         with self._cond:
             batch = self._in_flight.popleft()
             self._partitions[(batch.topic, batch.queue_id)].in_flight -= 1
+            self._cond.notify_all()
+        error = None
         if response.error_code:
             status = _STATUS_BY_VALUE.get(response.error_code, grpc.StatusCode.UNKNOWN)
             error = from_status(status, response.error_message, response.error_kind)
+        if batch.settled is not None:  # its sends already failed as of unknown outcome: settle it
+            if error is not None:
+                batch.settled.set_exception(error)
+            else:
+                batch.settled.set_result((response.base_offset, response.store_timestamp, response.duplicate))
+            return
+        if error is not None:
             for chunk in batch.chunks:
                 chunk.future.set_exception(error)
         else:
@@ -357,29 +435,111 @@ class PipelinedSender:
             self._outstanding -= len(batch.chunks)
             self._cond.notify_all()
 
-    def _fail_all(self, cause: OrderlyMQError | None) -> None:
-        """Fail every unacknowledged and buffered send: the broker stayed out of reach."""
-        message = (
-            f"broker {self._conn.address} unreachable for {self.retry_timeout:.0f}s; "
-            f"sends not acknowledged (last error: {cause or 'stream ended'})"
+    # -- the delivery timeout ------------------------------------------------------------------
+
+    def _next_deadline(self) -> float | None:
+        """Under the lock: the earliest deadline of a send not yet answered nor reported."""
+        deadlines = [b.deadline for b in self._in_flight if b.settled is None]
+        deadlines += [p.pending[0].deadline for p in self._partitions.values() if p.pending]
+        return min(deadlines) if deadlines else None
+
+    def _watch_loop(self) -> None:
+        while True:
+            with self._cond:
+                if self._closed and not self._outstanding and not self._streamer.is_alive():
+                    return
+                deadline = self._next_deadline()
+                now = time.monotonic()
+                if deadline is None or now < deadline:
+                    self._cond.wait(0.5 if deadline is None else min(deadline - now, 0.5))
+                    continue
+                call = self._call
+            log.warning("no answer from broker %s within %gs: failing the waiting sends",
+                        self._conn.address, self.delivery_timeout)
+            self._expire(None)
+            if call is not None:
+                call.cancel()  # the stream may hang on a frozen broker; the stream loop reopens it
+
+    def _expire(self, cause: OrderlyMQError | None) -> None:
+        """Fail every send not answered yet: those written as of unknown outcome (their batches stay
+        first in their queue, to be settled), the others plainly (dropped, never sent)."""
+        why = f"no answer from broker {self._conn.address} within {self.delivery_timeout:g}s"
+        if cause is not None:
+            why = f"the send stream to broker {self._conn.address} failed ({cause})"
+        plain = BrokerUnavailableError(
+            f"{why}; the message was not sent and is not stored: send it again when the broker is back"
         )
-        error = cause if cause is not None and not isinstance(cause, BrokerUnavailableError) else None
-        error = error or BrokerUnavailableError(message)
+        failures: list[tuple[Future, OrderlyMQError]] = []
         with self._cond:
-            failed = list(self._in_flight)
-            self._in_flight.clear()
-            chunks = [c for b in failed for c in b.chunks]
-            for b in failed:
-                self._partitions[(b.topic, b.queue_id)].in_flight -= 1
+            kept: deque[_Batch] = deque()
+            for batch in self._in_flight:
+                if batch.settled is not None:
+                    kept.append(batch)
+                elif batch.written:
+                    failures += self._report_unknown(batch, why)
+                    kept.append(batch)
+                else:
+                    batch.dropped = True
+                    self._partitions[(batch.topic, batch.queue_id)].in_flight -= 1
+                    self._outstanding -= len(batch.chunks)
+                    failures += [(chunk.future, plain) for chunk in batch.chunks]
+            self._in_flight = kept
             for partition in self._partitions.values():
-                chunks.extend(partition.pending)
+                failures += [(chunk.future, plain) for chunk in partition.pending]
+                self._outstanding -= len(partition.pending)
                 self._buffered -= partition.pending_rows
                 partition.pending.clear()
                 partition.pending_rows = partition.pending_bytes = 0
                 partition.urgent = False
-        for chunk in chunks:
-            if not chunk.future.done():
-                chunk.future.set_exception(error)
-        with self._cond:
-            self._outstanding -= len(chunks)
             self._cond.notify_all()
+        for future, error in failures:
+            if not future.done():
+                future.set_exception(error)
+
+    def _report_unknown(self, batch: _Batch, why: str) -> list[tuple[Future, OrderlyMQError]]:
+        """Under the lock: turn ``batch`` into one awaiting settlement; the errors for its sends."""
+        batch.settled = Future()
+        self._settlements[(batch.topic, batch.queue_id, batch.sequence)] = batch.settled
+        while len(self._settlements) > _MAX_SETTLEMENTS:
+            oldest = next(iter(self._settlements))
+            self._settlements.pop(oldest)
+        self._outstanding -= len(batch.chunks)
+        failures, index = [], 0
+        for chunk in batch.chunks:
+            error = SendOutcomeUnknownError(
+                f"{why}; the message was sent but the broker did not confirm it, so it may be stored "
+                f"(topic {batch.topic!r}, queue {batch.queue_id}, producer {self.producer_id}, sequence "
+                f"{batch.sequence}). Do not send it again: the producer settles it when the broker is back; "
+                "producer.resolve(error) tells where it is stored",
+                topic=batch.topic,
+                queue_id=batch.queue_id,
+                producer_id=self.producer_id,
+                sequence=batch.sequence,
+                batch_index=index,
+                count=chunk.num_rows,
+            )
+            failures.append((chunk.future, error))
+            index += chunk.num_rows
+        return failures
+
+    def _abandon(self, why: str) -> None:
+        """Under or outside the lock: give up settling the batches of unknown outcome."""
+        with self._cond:
+            left = [b for b in self._in_flight if b.settled is not None]
+            self._in_flight = deque(b for b in self._in_flight if b.settled is None)
+            for batch in left:
+                self._partitions[(batch.topic, batch.queue_id)].in_flight -= 1
+            self._cond.notify_all()
+        for batch in left:
+            if not batch.settled.done():
+                batch.settled.set_exception(
+                    SendOutcomeUnknownError(
+                        f"the outcome of batch {batch.sequence} of {batch.topic}/{batch.queue_id} stays unknown: "
+                        f"{why}",
+                        topic=batch.topic,
+                        queue_id=batch.queue_id,
+                        producer_id=self.producer_id,
+                        sequence=batch.sequence,
+                        count=sum(c.num_rows for c in batch.chunks),
+                    )
+                )

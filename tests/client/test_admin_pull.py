@@ -118,7 +118,7 @@ def test_assign_poll_seek_and_commit(broker, admin, producer, topic_name):
 
 
 def test_lock_fences_a_previous_holder(broker_factory, topic_name):
-    broker = broker_factory(lock_lease_ms=300)
+    broker = broker_factory(lock_lease_ms=2000)  # seconds: "first" cannot renew by accident
     with Admin(broker.address) as admin:
         admin.create_topic(topic_name, 1)
     with (

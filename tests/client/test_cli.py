@@ -57,6 +57,10 @@ def test_send_then_tail_shows_messages_in_queue_order(broker, topic_name):
     ]
     assert cli(broker, "tail", topic_name, "--from", "latest").stdout == ""
     assert len(cli(broker, "tail", topic_name, "--max", "2").stdout.splitlines()) == 2
+    keyless = cli(broker, "send", topic_name, "no key")
+    assert keyless.returncode == 1 and "no sharding key" in keyless.stderr and "--" not in keyless.stdout
+    assert f"to {topic_name}[1] at offset" in cli(broker, "send", topic_name, "x", "--queue", "1").stdout
+    assert cli(broker, "send", topic_name, "y", "--selector", "round_robin").returncode == 0
 
 
 def test_progress_and_locks(broker, topic_name):

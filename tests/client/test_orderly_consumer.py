@@ -357,8 +357,7 @@ def test_consumer_rides_out_a_broker_restart(tmp_path, topic_name, record_proper
             try:
                 seqs = send_keyed(producer, topic_name, keys, 20)
                 assert wait_until(lambda: log.has_all(seqs))
-                broker.kill9()
-                time.sleep(0.5)
+                broker.kill9()  # once everything sent so far was consumed
                 broker.start()
                 seqs = send_keyed(producer, topic_name, keys, 20, seqs)
                 assert wait_until(lambda: log.has_all(seqs), timeout=40)

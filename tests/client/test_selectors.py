@@ -125,3 +125,26 @@ def producer_pull_one(producer: Producer, topic: str, queue_id: int, offset: int
 
     with PullConsumer(producer.connection.address) as consumer:
         return consumer.pull(topic, queue_id, offset, 1)[0]
+
+
+def test_a_message_without_a_key_needs_a_selector_or_a_queue(routed):
+    producer, topic = routed
+    with pytest.raises(InvalidRequestError, match=r"no sharding key.*pass key=.*selector='round_robin'.*queue_id="):
+        producer.send(topic, b"no key")
+    with pytest.raises(InvalidRequestError, match="no sharding key"):
+        producer.select_queue(topic)
+    assert producer.send(topic, b"no key", queue_id=5).queue_id == 5
+    assert 0 <= producer.send(topic, b"no key", selector="random").queue_id < 8
+
+
+def test_the_named_round_robin_keeps_its_position_per_topic_for_the_producers_life(routed, shared_broker):
+    producer, topic = routed
+    other = f"route-{uuid.uuid4().hex[:8]}"
+    with Admin(shared_broker.address) as admin:
+        admin.create_topic(other, 3)
+    picked, elsewhere = [], []
+    for _ in range(12):
+        picked.append(producer.send(topic, b"rr", selector="round_robin").queue_id)
+        elsewhere.append(producer.send(other, b"rr", selector="round_robin").queue_id)
+    assert all((b - a) % 8 == 1 for a, b in zip(picked, picked[1:], strict=False)), picked
+    assert all((b - a) % 3 == 1 for a, b in zip(elsewhere, elsewhere[1:], strict=False)), elsewhere

@@ -1,15 +1,17 @@
 """Pure parts of the client: messages from Arrow, the process queue's bookkeeping, local offsets,
-the scheduler, and the exported names."""
+the scheduler, the error mapping and the exported names."""
 
 from __future__ import annotations
 
 import threading
 from pathlib import Path
 
+import grpc
 import pyarrow as pa
+import pytest
 
 import connector.client
-from broker.wire import codec
+from broker.wire import codec, errors
 from connector.client import Message, MessageQueue
 from connector.client.offset_store import LocalOffsetStore
 from connector.client.process_queue import ProcessQueue
@@ -152,3 +154,47 @@ def test_the_client_imports_only_the_wire_layer_of_the_broker():
     root = Path(__file__).resolve().parents[2]
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root)
     assert out.stdout.strip() == "[]"
+
+
+def _error_classes() -> list[type[errors.OrderlyMQError]]:
+    found, todo = [], [errors.OrderlyMQError]
+    while todo:
+        cls = todo.pop()
+        found.append(cls)
+        todo.extend(cls.__subclasses__())
+    return found
+
+
+@pytest.mark.parametrize("code", [c for c in grpc.StatusCode if c is not grpc.StatusCode.OK], ids=lambda c: c.name)
+def test_every_grpc_status_maps_to_an_error_class_and_back(code):
+    error = errors.from_status(code, "what happened")
+    assert isinstance(error, errors.OrderlyMQError) and str(error) == "what happened"
+    assert type(errors.from_status(error.code, "again")) is type(error)  # the class's own code leads back to it
+
+
+@pytest.mark.parametrize("cls", _error_classes(), ids=lambda c: c.__name__)
+def test_every_error_class_crosses_the_wire_as_itself(cls):
+    code, message, kind = errors.to_status(cls("what happened"))
+    assert code is not grpc.StatusCode.OK
+    assert errors.error_class_for_kind(kind) is cls, f"two error classes are named {kind}"
+    rebuilt = errors.from_status(code, message, kind)
+    assert type(rebuilt) is cls and str(rebuilt) == "what happened"
+    assert errors.__all__.count(cls.__name__) == 1, f"{cls.__name__} is not exported by broker.wire.errors"
+
+
+def test_an_unnamed_error_is_translated_by_its_status_only():
+    assert type(errors.to_status(KeyError("x"))[0]) is grpc.StatusCode
+    assert isinstance(errors.from_status(grpc.StatusCode.DEADLINE_EXCEEDED, ""), errors.BrokerUnavailableError)
+    assert not isinstance(errors.from_status(grpc.StatusCode.UNAVAILABLE, "m"), errors.SendOutcomeUnknownError)
+
+
+def test_the_consumption_log_of_the_client_tests_refuses_a_skipping_replay():
+    from tests.client.helpers import OrderLog
+
+    log = OrderLog()
+    for seq in (0, 1, 2, 3, 1, 3, 2):  # a replay from 1 that skips 2: consumed 3 before 2 the second time
+        log.entries.append(("c", "k", seq, 0, seq))
+    verdict = log.verdict({"k": 4})
+    assert (verdict.duplicated, verdict.out_of_order) == (3, 1)
+    with pytest.raises(AssertionError, match="skipping 2"):
+        log.check({"k": 4})

@@ -27,7 +27,7 @@ from tests.spark.helpers import committed
 from tests.support import send_rows, wait_until
 
 TOPIC, GROUP, QUEUES, KEYS = "payments", "settlement", 2, 6
-LEASE_MS = 1500
+LEASE_MS = 3000  # seconds of lease: renewals (every third) keep a wide margin on a loaded machine
 WORK_MS = 20
 SCRIPT = Path(__file__).with_name("locked_consumer.py")
 
