@@ -9,7 +9,11 @@ export SPARK_LOCAL_IP ?= 127.0.0.1
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: demo test faults bench proto constraints lint clean
+.PHONY: demo test faults fuse bench proto constraints lint clean
+
+# The power-loss scenarios (tests/faults/test_power_loss.py) mount a FUSE file system: Debian's fuse3
+# (fusermount3) and libfuse3, installed once when missing.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 $(STAMP): setup.py constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -20,10 +24,17 @@ $(STAMP): setup.py constraints.txt
 demo: $(STAMP)  ## start the embedded broker and run the demo pipeline
 	$(PY) spark_jobs/demo.py $(ARGS)
 
-test: $(STAMP)  ## the whole test suite (what CI runs)
+fuse:  ## Debian's fuse3 and libfuse3 for the power-loss tests (nothing to do when present)
+	@if ! command -v fusermount3 >/dev/null 2>&1 || ! /sbin/ldconfig -p | grep -q 'libfuse3\.so\.3 '; then \
+		echo "installing Debian's fuse3 and libfuse3-3 (FUSE for the power-loss tests)"; \
+		$(SUDO) apt-get update -qq >/dev/null && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq fuse3 libfuse3-3 >/dev/null; \
+	fi
+
+test: $(STAMP) fuse  ## the whole test suite (what CI runs)
 	$(PY) -m pytest $(ARGS)
 
-faults: $(STAMP)  ## the long versions of the fault scenarios
+faults: $(STAMP) fuse  ## the long versions of the fault scenarios
 	ORDERLYMQ_FAULTS=long $(PY) -m pytest tests/faults $(ARGS)
 
 bench: $(STAMP)  ## benchmarks (Redis Streams and NATS JetStream as peers): a table and bench-results.json

@@ -25,6 +25,7 @@ setup(
         "xxhash>=3.4,<5",
         "crc32c>=2.4,<3",
         "rich>=13",
+        "prometheus_client>=0.20,<1",
     ],
     extras_require={
         "spark": SPARK,
@@ -39,6 +40,7 @@ setup(
             "ipykernel>=6.29",
             "matplotlib>=3.8",
             "ruff>=0.6",
+            "mfusepy>=3.1.1,<4",  # the power-loss file system (tests/faults/lazyfs.py), on Debian's libfuse3
         ],
     },
     entry_points={

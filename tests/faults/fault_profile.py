@@ -44,6 +44,20 @@ class FaultProfile:
         Threads sending bad requests, and bad requests per thread (scenario 6).
     fuzz_good_messages : int
         Good messages produced and consumed while the bad requests fly.
+    mutated_batches : int
+        Byte-mutated Arrow batches sent to the broker (scenario 6, break 9).
+    disk_full_cycles : int
+        Times the data dir's tmpfs is filled and freed under traffic (break 8); every other
+        cycle also restarts the broker with ``kill -9``.
+    power_cuts_sync, power_cuts_async : int
+        Power cuts of the lazy file system under a broker with ``flush = "sync"`` / ``"async"``
+        (break 11); the async count is run twice (a normal and a never-reached flush interval).
+    power_cut_acks : int
+        Acknowledged sends between two power cuts.
+    crowd_streams, crowd_polls, crowd_producers : int
+        Idle open send streams, long polls and ``Producer`` clients beside a normal pair (break 6).
+    crowd_pair_messages : int
+        Messages the normal producer/consumer pair moves while the crowd stands.
     """
 
     name: str
@@ -61,6 +75,15 @@ class FaultProfile:
     fuzz_threads: int
     fuzz_requests: int
     fuzz_good_messages: int
+    mutated_batches: int
+    disk_full_cycles: int
+    power_cuts_sync: int
+    power_cuts_async: int
+    power_cut_acks: int
+    crowd_streams: int
+    crowd_polls: int
+    crowd_producers: int
+    crowd_pair_messages: int
 
 
 SHORT = FaultProfile(
@@ -79,6 +102,15 @@ SHORT = FaultProfile(
     fuzz_threads=3,
     fuzz_requests=300,
     fuzz_good_messages=600,
+    mutated_batches=3_000,
+    disk_full_cycles=3,
+    power_cuts_sync=5,
+    power_cuts_async=3,
+    power_cut_acks=150,
+    crowd_streams=1_000,
+    crowd_polls=1_000,
+    crowd_producers=70,
+    crowd_pair_messages=1_000,
 )
 
 LONG = FaultProfile(
@@ -97,6 +129,15 @@ LONG = FaultProfile(
     fuzz_threads=6,
     fuzz_requests=3_000,
     fuzz_good_messages=6_000,
+    mutated_batches=30_000,
+    disk_full_cycles=16,
+    power_cuts_sync=24,
+    power_cuts_async=20,
+    power_cut_acks=600,
+    crowd_streams=4_000,
+    crowd_polls=4_000,
+    crowd_producers=200,
+    crowd_pair_messages=20_000,
 )
 
 _PROFILES = {p.name: p for p in (SHORT, LONG)}
