@@ -28,13 +28,16 @@ def lock_queues(conn: BrokerConnection, group: str, client_id: str, queues: Iter
 
     Retries with backoff for up to ``timeout_s`` while other clients hold some of them, then
     raises ``LockUnavailableError`` naming each holder, followed by ``advice`` (what to do).
+    Every attempt asks for all of ``queues``, so the ones already granted are renewed while the
+    rest are waited for (a wait longer than the lease would otherwise let them lapse), and the
+    epochs returned are those of the last grant.
     """
     wanted = sorted(set(queues))
-    held: dict[Queue, int] = {}
     deadline = time.monotonic() + timeout_s
     delay = 0.05
     while True:
-        for topic, ids in queues_by_topic(q for q in wanted if q not in held).items():
+        held = {}
+        for topic, ids in queues_by_topic(wanted).items():
             granted = try_lock(conn, group, client_id, topic, ids)
             held.update({(topic, queue_id): epoch for queue_id, epoch in granted.items()})
         missing = [q for q in wanted if q not in held]

@@ -1,10 +1,16 @@
 """Queue locks of a streaming read: taking them (waiting for another holder), renewing, releasing.
 
 A streaming query is one consumer: its client id holds the locks of every queue it reads. The
-driver-side reader takes them when it plans a micro-batch (so it can commit offsets with the
-fencing epoch), renews them from a background thread while the query runs, and releases them in
-``stop()``; each task re-locks its queue (a renewal by the same client: same epoch) and pulls
-with that epoch, so a task of a query that lost its lock is refused by the broker.
+driver-side reader takes them when it plans a micro-batch, renews them from a background thread
+while the query runs, and releases them in ``stop()``. Each planned partition carries the epoch
+the driver held when it planned it; the task pulls with that epoch and never takes a lock itself
+(a task that did could take a lock again after the stopping driver released it).
+
+A lock found lost or granted again at another epoch (a broker restart frees every lock; a lapsed
+lease lets any client in) is never adopted silently: the group's committed offsets decide
+(``connector.spark.group_offsets``). Nobody else consumed the queue: the new epoch is adopted
+with a warning. Someone did, or another client holds the lock now: the queue is fenced and the
+next driver call fails the query with an error naming that client.
 """
 
 from __future__ import annotations
@@ -12,19 +18,22 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
-from broker.wire.errors import OrderlyMQError
+from broker.wire.errors import FencedError, OrderlyMQError
 from connector.client import locking
 from connector.client.connection import BrokerConnection, pb
+from connector.spark.group_offsets import check_not_consumed
 from connector.spark.offsets import QueueRef
 
-__all__ = ["LockKeeper", "lock_queues"]
+__all__ = ["LockKeeper", "describe_holder", "lock_queues", "unlock"]
 
 log = logging.getLogger(__name__)
 
-DEFAULT_RENEW_S = 20.0
-
+# A third of the lease, but at least every few seconds: a lock lost to a broker restart is then
+# taken again (or found taken by another client) before a task waiting for it gives up.
+MAX_RENEW_S = 5.0
+_MIN_RENEW_S = 0.05
 
 _ADVICE = ("Another live consumer of the group reads them: stop it, use another consumerGroup, or raise the "
            "option lockTimeoutMs to wait for its lease to expire.")
@@ -41,98 +50,191 @@ def lock_queues(
     return locking.lock_queues(conn, group, client_id, queues, timeout_ms / 1000, advice=_ADVICE)
 
 
+def describe_holder(conn: BrokerConnection, group: str, ref: QueueRef) -> pb.QueueLock | None:
+    """The live lock of queue ``ref`` in ``group`` (holder, epoch, lease end), or None when free."""
+    topic, queue_id = ref
+    locks = conn.call("QueryLocks", pb.QueryLocksRequest(group=group, topic=topic)).locks
+    return next((lock for lock in locks if lock.queue_id == queue_id and lock.client_id), None)
+
+
 class LockKeeper:
     """The driver's queue locks for one (group, client id), renewed by a daemon thread.
+
+    Parameters
+    ----------
+    conn : BrokerConnection
+    group, client_id : str
+    timeout_ms : int
+        How long to wait for a queue held by another client (option lockTimeoutMs).
+    left_at : callable
+        ``left_at(queue)``: the group offset this client last committed or accepted for the
+        queue (None if unknown); the position the rule of ``group_offsets`` compares with.
 
     Not picklable on purpose: it lives in the driver-side reader process only.
     """
 
-    def __init__(self, conn: BrokerConnection, group: str, client_id: str, timeout_ms: int) -> None:
+    def __init__(self, conn: BrokerConnection, group: str, client_id: str, timeout_ms: int,
+                 left_at: Callable[[QueueRef], int | None] = lambda ref: None) -> None:
         self.conn = conn
         self.group = group
         self.client_id = client_id
         self.timeout_ms = timeout_ms
+        self.left_at = left_at
         self._epochs: dict[QueueRef, int] = {}
+        self._fenced: dict[QueueRef, FencedError] = {}
         self._mutex = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._renew_s = DEFAULT_RENEW_S
+        self.on_change: Callable[[dict[QueueRef, int]], None] = lambda epochs: None
 
     def epochs(self, queues: Iterable[QueueRef]) -> dict[QueueRef, int]:
-        """Hold ``queues`` (taking the ones not yet held, waiting for other holders); their epochs."""
+        """Hold ``queues`` (taking the ones never held, waiting for other holders); their epochs.
+
+        Raises the ``FencedError`` of a queue found lost to another consumer.
+        """
         queues = sorted(set(queues))
+        self.raise_if_fenced(queues)
         with self._mutex:
             missing = [ref for ref in queues if ref not in self._epochs]
         if missing:
             granted = lock_queues(self.conn, self.group, self.client_id, missing, self.timeout_ms)
             with self._mutex:
                 self._epochs.update(granted)
-            self._start_renewal(missing[0][0])
+            self._changed()
+            self._start_renewal()
         with self._mutex:
             return {ref: self._epochs[ref] for ref in queues}
 
-    def forget(self, ref: QueueRef) -> None:
-        """Drop a lock found lost (fenced), so the next ``epochs`` call takes it again."""
+    def raise_if_fenced(self, queues: Iterable[QueueRef] | None = None) -> None:
         with self._mutex:
-            self._epochs.pop(ref, None)
+            fenced = [self._fenced[ref] for ref in sorted(self._fenced) if queues is None or ref in set(queues)]
+        if fenced:
+            raise fenced[0]
 
-    def _start_renewal(self, topic: str) -> None:
+    def recover(self, ref: QueueRef) -> int:
+        """Take ``ref`` again after the broker refused its epoch; the new epoch.
+
+        Allowed only when the group's offsets show that nobody else consumed the queue (see the
+        module docstring); else the queue is fenced and ``FencedError`` names the other client.
+        """
+        with self._mutex:
+            old = self._epochs.get(ref)
+        topic, queue_id = ref
+        granted = locking.try_lock(self.conn, self.group, self.client_id, topic, [queue_id])
+        self._settle(ref, old, granted.get(queue_id))
+        self.raise_if_fenced([ref])
+        with self._mutex:
+            return self._epochs[ref]
+
+    def _settle(self, ref: QueueRef, old: int | None, new: int | None) -> None:
+        """Record the answer of a renewal of ``ref``: same epoch, regained, or lost."""
+        if new is not None and new == old:
+            return
+        topic, queue_id = ref
+        try:
+            if new is None:
+                holder = describe_holder(self.conn, self.group, ref)
+                who = f"client {holder.client_id!r} (epoch {holder.epoch})" if holder else "another client"
+                raise FencedError(
+                    f"client {self.client_id!r} lost the lock of queue {topic}/{queue_id} (group {self.group!r}, "
+                    f"epoch {old}) to {who}: its lease lapsed or the broker restarted, and that client took it. "
+                    "This query stops so that the two do not both consume the queue; restart it to go on from "
+                    "the group's offsets"
+                )
+            check_not_consumed(
+                self.conn, self.group, self.client_id, ref, self.left_at(ref),
+                context=f"the lock of queue {topic}/{queue_id} held by client {self.client_id!r} at epoch {old} "
+                        f"was lost (broker restart or lapsed lease) and granted again at epoch {new}",
+            )
+        except FencedError as exc:
+            with self._mutex:
+                self._fenced[ref] = exc
+                self._epochs.pop(ref, None)
+            log.error("%s", exc)
+            return
+        log.warning("queue %s/%d: lock of client %s lost and taken again (epoch %s -> %d); the group's offsets show "
+                    "no other consumer, reading goes on", topic, queue_id, self.client_id, old, new)
+        with self._mutex:
+            self._epochs[ref] = new
+        self._changed()
+
+    def _changed(self) -> None:
+        with self._mutex:
+            epochs = dict(self._epochs)
+        self.on_change(epochs)
+
+    def _start_renewal(self) -> None:
         if self._thread is not None:
             return
-        self._renew_s = self._renew_interval(topic)
         self._thread = threading.Thread(target=self._renew_loop, name="orderlymq-lock-renewal", daemon=True)
         self._thread.start()
 
-    def _renew_interval(self, topic: str) -> float:
-        """A third of the lease the broker grants (read from the lock's expiry), at most 20 s."""
-        try:
-            locks = self.conn.call("QueryLocks", pb.QueryLocksRequest(group=self.group, topic=topic)).locks
-        except OrderlyMQError:
-            return DEFAULT_RENEW_S
-        now_ms = time.time() * 1000
-        leases = [lock.expires_at_ms - now_ms for lock in locks if lock.client_id == self.client_id]
-        if not leases or max(leases) <= 0:
-            return DEFAULT_RENEW_S
-        return min(DEFAULT_RENEW_S, max(0.05, max(leases) / 3000))
-
     def _renew_loop(self) -> None:
-        while not self._stop.wait(self._renew_s):
-            self.renew()
+        wait = 0.0
+        while not self._stop.wait(wait):
+            lease_s = self.renew()
+            wait = MAX_RENEW_S if lease_s is None else min(MAX_RENEW_S, max(_MIN_RENEW_S, lease_s / 3))
 
-    def renew(self) -> None:
-        """Renew every held lock once; a lock found lost is dropped (and re-taken when next needed)."""
+    def renew(self) -> float | None:
+        """Renew every held lock once; the shortest lease granted, in seconds (None if unknown).
+
+        An epoch that changed, or a lock not granted, is settled by the rule of the module
+        docstring: adopted with a warning, or the queue is fenced.
+        """
         with self._mutex:
-            held = list(self._epochs)
+            held = dict(self._epochs)
+        lease_s: float | None = None
         for topic, ids in locking.queues_by_topic(held).items():
             try:
-                granted = locking.try_lock(self.conn, self.group, self.client_id, topic, ids)
+                response = self.conn.call(
+                    "LockBatch",
+                    pb.LockBatchRequest(group=self.group, client_id=self.client_id, topic=topic, queue_ids=ids),
+                )
             except OrderlyMQError as exc:
                 log.warning("renewing queue locks of %s for %s failed: %s", topic, self.client_id, exc)
                 continue
-            with self._mutex:
-                for queue_id in ids:
-                    epoch = granted.get(queue_id)
-                    if epoch is None:
-                        log.warning("lost the lock of queue %s/%d (client %s)", topic, queue_id, self.client_id)
-                        self._epochs.pop((topic, queue_id), None)
-                    else:
-                        self._epochs[(topic, queue_id)] = epoch
+            granted = {lock.queue_id: lock for lock in response.locked}
+            now_ms = time.time() * 1000
+            for lock in granted.values():
+                left = (lock.expires_at_ms - now_ms) / 1000
+                lease_s = left if lease_s is None else min(lease_s, left)
+            for queue_id in ids:
+                lock = granted.get(queue_id)
+                try:
+                    self._settle((topic, queue_id), held[(topic, queue_id)], None if lock is None else lock.epoch)
+                except OrderlyMQError as exc:
+                    log.warning("checking queue %s/%d for %s failed: %s", topic, queue_id, self.client_id, exc)
+        return lease_s
 
-    def release(self) -> None:
-        """Stop renewing and unlock every held queue (best effort: the lease expires anyway)."""
+    def held(self) -> list[QueueRef]:
+        with self._mutex:
+            return sorted(set(self._epochs) | set(self._fenced))
+
+    def release(self) -> bool:
+        """Stop renewing and unlock every queue taken; whether the broker confirmed every unlock."""
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=5)
+            self._thread.join(timeout=5)  # so that no renewal takes a lock again after the unlock
         with self._mutex:
-            held, self._epochs = list(self._epochs), {}
-        for topic, ids in locking.queues_by_topic(held).items():
-            try:
-                self.conn.call(
-                    "UnlockBatch",
-                    pb.UnlockBatchRequest(group=self.group, client_id=self.client_id, topic=topic, queue_ids=ids),
-                    retry=False,
-                )
-            except OrderlyMQError as exc:
-                log.warning(
-                    "unlocking queues of %s for %s failed (the lease will expire): %s", topic, self.client_id, exc
-                )
+            held = sorted(set(self._epochs) | set(self._fenced))
+            self._epochs, self._fenced = {}, {}
+        return unlock(self.conn, self.group, self.client_id, held)
+
+
+def unlock(conn: BrokerConnection, group: str, client_id: str, queues: Iterable[QueueRef]) -> bool:
+    """``UnlockBatch`` of ``queues`` for ``client_id`` (queues it does not hold are left alone).
+
+    Returns whether every call succeeded (a failure is logged: the lease expires anyway).
+    """
+    done = True
+    for topic, ids in locking.queues_by_topic(queues).items():
+        try:
+            conn.call(
+                "UnlockBatch",
+                pb.UnlockBatchRequest(group=group, client_id=client_id, topic=topic, queue_ids=ids),
+                retry=False,
+            )
+        except OrderlyMQError as exc:
+            done = False
+            log.warning("unlocking queues of %s for %s failed (the lease will expire): %s", topic, client_id, exc)
+    return done

@@ -2,11 +2,14 @@
 
 A source offset is a JSON object::
 
-    {"clientId": "spark-3f2c...", "queues": {"orders": {"0": 12, "1": 7}}}
+    {"clientId": "spark-3f2c...", "group": "billing", "brokers": "127.0.0.1:9876",
+     "queues": {"orders": {"0": 12, "1": 7}}}
 
 ``clientId`` is the consumer identity of the query (minted once in ``initialOffset`` and carried
 in every offset, so a restart from the checkpoint re-acquires its own queue locks at once);
-``queues`` maps each topic to ``{queue id: next offset to read}``. The JSON is always built by
+``group`` and ``brokers`` say whose offsets these are, so that the sink can advance the group's
+offsets right after it made a batch visible (``connector.spark.handoff``); ``queues`` maps each
+topic to ``{queue id: next offset to read}``. The JSON is always built by
 ``to_json`` with sorted topics and numerically sorted queues, because Spark compares offsets by
 their JSON: the same positions must always serialize the same way.
 """
@@ -23,7 +26,8 @@ QueueRef = tuple[str, int]
 Positions = dict[QueueRef, int]
 
 
-def to_json(client_id: str | None, positions: Mapping[QueueRef, int]) -> dict:
+def to_json(client_id: str | None, positions: Mapping[QueueRef, int], *, group: str | None = None,
+            brokers: str | None = None) -> dict:
     """The canonical offset dict of ``positions``."""
     queues: dict[str, dict[str, int]] = {}
     for topic, queue_id in sorted(positions):
@@ -31,6 +35,10 @@ def to_json(client_id: str | None, positions: Mapping[QueueRef, int]) -> dict:
     out: dict = {}
     if client_id is not None:
         out["clientId"] = client_id
+    if group is not None:
+        out["group"] = group
+    if brokers is not None:
+        out["brokers"] = brokers
     out["queues"] = queues
     return out
 

@@ -20,6 +20,7 @@ from connector.client.connection import BrokerConnection, parse_brokers
 
 __all__ = [
     "EARLIEST",
+    "GROUP_OFFSET_CONFLICT_MODES",
     "LATEST",
     "SINK_OPTIONS",
     "SOURCE_OPTIONS",
@@ -47,6 +48,7 @@ SOURCE_OPTIONS = (
     "lockTimeoutMs",
     "pollTimeoutMs",
     "includeProperties",
+    "groupOffsetConflict",
 )
 SINK_OPTIONS = (
     "brokers",
@@ -65,6 +67,9 @@ _SPARK_OPTIONS = frozenset({"path", "checkpointlocation", "queryname"})
 DEFAULT_LOCK_TIMEOUT_MS = 65_000  # a little over the broker's default lease: a crashed holder expires meanwhile
 DEFAULT_POLL_TIMEOUT_MS = 30_000
 DEFAULT_MAX_BATCH_BYTES = 4 * 1024 * 1024
+
+#: What a query restarted from its checkpoint does when another client moved the group's offsets.
+GROUP_OFFSET_CONFLICT_MODES = ("fail", "group", "checkpoint")
 
 
 @dataclass(frozen=True)
@@ -201,6 +206,25 @@ def _parse_offsets_json(text: str, name: str, topics: tuple[str, ...], *, ending
     return out
 
 
+def _group_offset_conflict(opts: _Options, *, streaming: bool) -> str:
+    value = opts.get("groupOffsetConflict")
+    if value is None:
+        return "fail"
+    if not streaming:
+        raise InvalidOptionError(
+            "option 'groupOffsetConflict' applies to streaming reads only (a batch read keeps no checkpoint): "
+            "remove it"
+        )
+    mode = value.lower()
+    if mode not in GROUP_OFFSET_CONFLICT_MODES:
+        raise InvalidOptionError(
+            f"option 'groupOffsetConflict' must be fail, group or checkpoint, got {value!r}: fail stops a query "
+            "restarted from its checkpoint when another client moved the group's offsets, group follows the "
+            "group's offsets, checkpoint keeps the checkpoint's"
+        )
+    return mode
+
+
 @dataclass(frozen=True)
 class SourceOptions:
     """The checked options of a read (``spark.read`` / ``spark.readStream``)."""
@@ -216,6 +240,7 @@ class SourceOptions:
     lock_timeout_ms: int = DEFAULT_LOCK_TIMEOUT_MS
     poll_timeout_ms: int = DEFAULT_POLL_TIMEOUT_MS
     include_properties: bool = True
+    group_offset_conflict: str = "fail"
 
     def connect(self) -> BrokerConnection:
         """A connection whose calls, and retries while the broker is down, last up to ``pollTimeoutMs``."""
@@ -257,6 +282,7 @@ class SourceOptions:
             lock_timeout_ms=opts.integer("lockTimeoutMs", DEFAULT_LOCK_TIMEOUT_MS, minimum=0, unit=" (ms)"),
             poll_timeout_ms=opts.integer("pollTimeoutMs", DEFAULT_POLL_TIMEOUT_MS, minimum=1, unit=" (ms)"),
             include_properties=opts.boolean("includeProperties", True),
+            group_offset_conflict=_group_offset_conflict(opts, streaming=streaming),
         )
 
     @staticmethod

@@ -2,8 +2,11 @@
 
 A queue is never split across partitions: its messages leave in queue order as Arrow record
 batches, converted with Arrow compute (``connector.spark.schema``). A streaming partition carries
-the query's consumer identity; its task re-locks the queue (same client: same epoch) and pulls
-with that fencing epoch, so a query that lost its lock cannot read on.
+the query's consumer identity and the fencing epoch the driver held when it planned the batch;
+the task pulls with that epoch and takes no lock itself. When the broker refuses the epoch (the
+lock was lost), the task goes on only if the driver holds the queue again and the group's
+offsets show that nobody else consumed it (``connector.spark.group_offsets``); otherwise the
+batch fails with a ``FencedError`` naming the other client.
 """
 
 from __future__ import annotations
@@ -18,9 +21,10 @@ import pyarrow.compute as pc
 from pyspark.sql.datasource import InputPartition
 
 from broker.wire import codec
-from broker.wire.errors import DamagedRecordError, FencedError, OffsetOutOfRangeError
+from broker.wire.errors import BrokerUnavailableError, DamagedRecordError, FencedError, OffsetOutOfRangeError
 from connector.client.connection import BrokerConnection, pb
-from connector.spark.locks import lock_queues
+from connector.spark.group_offsets import check_not_consumed
+from connector.spark.locks import describe_holder
 from connector.spark.options import SourceOptions
 from connector.spark.schema import to_spark_batch
 
@@ -30,6 +34,7 @@ log = logging.getLogger(__name__)
 
 PULL_MAX_MESSAGES = 100_000  # whole stored batches: a pull that ends mid-record makes the broker re-encode it
 _STALL_SLEEP_S = 0.05
+_RELOCK_POLL_S = 0.2
 
 
 class DataLossError(OffsetOutOfRangeError):
@@ -38,7 +43,10 @@ class DataLossError(OffsetOutOfRangeError):
 
 @dataclass(frozen=True)
 class QueuePartition(InputPartition):
-    """Read ``[start, end)`` of queue ``topic/queue_id``; ``client_id`` set for a locked (streaming) read."""
+    """Read ``[start, end)`` of queue ``topic/queue_id``.
+
+    A locked (streaming) read sets ``client_id`` and the lock ``epoch`` planned by the driver.
+    """
 
     topic: str
     broker: str
@@ -46,6 +54,7 @@ class QueuePartition(InputPartition):
     start: int
     end: int
     client_id: str | None = None
+    epoch: int = 0
 
 
 def read_partition(options: SourceOptions, partition: QueuePartition, target: pa.Schema) -> Iterator[pa.RecordBatch]:
@@ -60,11 +69,9 @@ def read_partition(options: SourceOptions, partition: QueuePartition, target: pa
 def _pull_range(
     conn: BrokerConnection, options: SourceOptions, part: QueuePartition, target: pa.Schema
 ) -> Iterator[pa.RecordBatch]:
-    ref = (part.topic, part.queue_id)
     group, client_id, epoch = "", "", 0
     if part.client_id is not None:
-        group, client_id = options.consumer_group or "", part.client_id
-        epoch = lock_queues(conn, group, client_id, [ref], options.lock_timeout_ms)[ref]
+        group, client_id, epoch = options.consumer_group or "", part.client_id, part.epoch
     tags = "" if options.tags == "*" else options.tags
     offset = part.start
     stalled_since: float | None = None
@@ -88,10 +95,14 @@ def _pull_range(
             offset = _skip_damaged(options, part, offset, exc)
             continue
         except FencedError as exc:
-            raise FencedError(
-                f"queue {part.topic}/{part.queue_id}: client {client_id!r} lost its lock while reading "
-                f"[{part.start}, {part.end}) ({exc}); the batch fails and the query restarts from its last "
-                "committed offsets once it holds the lock again"
+            epoch = _regained_epoch(conn, options, part, epoch, exc)
+            continue
+        except BrokerUnavailableError as exc:
+            raise BrokerUnavailableError(
+                f"queue {part.topic}/{part.queue_id}: reading offset {offset} of [{part.start}, {part.end}) failed: "
+                f"{exc}. The broker did not answer within pollTimeoutMs={options.poll_timeout_ms} ms (it is down, "
+                "frozen or overloaded): the batch fails; restart the query once the broker serves again, or raise "
+                "option pollTimeoutMs to ride out longer stalls"
             ) from None
         table = codec.decode_many(response.batches)
         if table.num_rows:
@@ -113,6 +124,39 @@ def _pull_range(
                 f"{options.poll_timeout_ms} ms (option pollTimeoutMs)"
             )
         time.sleep(_STALL_SLEEP_S)
+
+
+def _regained_epoch(conn: BrokerConnection, options: SourceOptions, part: QueuePartition, epoch: int,
+                    refused: FencedError) -> int:
+    """The epoch to read on with after the broker refused ``epoch``; ``FencedError`` when none.
+
+    Waits up to lockTimeoutMs for the query's driver to hold the queue again (after a broker
+    restart its lock renewal takes it again), then applies the rule of ``group_offsets``.
+    """
+    group, client_id, ref = options.consumer_group or "", part.client_id or "", (part.topic, part.queue_id)
+    where = f"queue {part.topic}/{part.queue_id} (group {group!r}, reading [{part.start}, {part.end}))"
+    deadline = time.monotonic() + options.lock_timeout_ms / 1000
+    while True:
+        lock = describe_holder(conn, group, ref)
+        if lock is not None and lock.client_id != client_id:
+            raise FencedError(
+                f"{where}: client {client_id!r} lost its lock (epoch {epoch}) to client {lock.client_id!r} "
+                f"(epoch {lock.epoch}); the batch fails so that the two do not both consume the queue ({refused})"
+            )
+        if lock is not None and lock.epoch != epoch:
+            check_not_consumed(conn, group, client_id, ref, part.start,
+                               context=f"{where}: the lock planned at epoch {epoch} was lost and taken again by "
+                                       f"this query at epoch {lock.epoch}")
+            log.warning("%s: lock regained at epoch %d (planned %d); nobody else consumed the queue", where,
+                        lock.epoch, epoch)
+            return lock.epoch
+        if time.monotonic() > deadline:
+            raise FencedError(
+                f"{where}: client {client_id!r} lost its lock (epoch {epoch}) and its query did not take it again "
+                f"within {options.lock_timeout_ms} ms (option lockTimeoutMs): the query is stopping, or its driver "
+                f"cannot reach the broker ({refused})"
+            )
+        time.sleep(_RELOCK_POLL_S)
 
 
 def _skip_damaged(options: SourceOptions, part: QueuePartition, offset: int, exc: DamagedRecordError) -> int:

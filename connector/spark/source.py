@@ -36,7 +36,9 @@ class OrderlyMQDataSource(DataSource):
     ``startingOffsets`` (``committed`` for streams, ``earliest`` for batch reads; or ``latest`` or
     per-queue JSON), ``startingTimestamp``, ``endingOffsets`` (``latest``, batch reads),
     ``endingTimestamp``, ``maxMessagesPerTrigger`` (none), ``failOnDataLoss`` (true),
-    ``lockTimeoutMs`` (65000), ``pollTimeoutMs`` (30000), ``includeProperties`` (true).
+    ``lockTimeoutMs`` (65000), ``pollTimeoutMs`` (30000), ``includeProperties`` (true),
+    ``groupOffsetConflict`` (``fail``; or ``group`` or ``checkpoint``, streams restarted from a
+    checkpoint after another client moved the group's offsets).
 
     Sink options (``df.write`` / ``df.writeStream``): ``brokers`` (required), ``topic`` (or a
     ``topic`` column), ``shardingKey`` (or a ``queue_id`` column), ``bodyColumn`` (``body``),
@@ -73,7 +75,7 @@ class OrderlyMQDataSource(DataSource):
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         options, columns, counts = _plan_write(self.options, schema)
-        return OrderlyMQStreamWriter(options, columns, counts)
+        return OrderlyMQStreamWriter(options, columns, counts, checkpoint=self.options.get("checkpointLocation"))
 
 
 def _plan_write(raw, schema: StructType) -> tuple[SinkOptions, SinkColumns, dict[str, int]]:

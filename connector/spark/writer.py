@@ -32,6 +32,7 @@ from broker.wire import codec
 from broker.wire.errors import BadBatchError, TopicGrewError, TransactionError
 from connector.client.connection import BrokerConnection, pb
 from connector.spark import metadata
+from connector.spark.handoff import advance_group_offsets
 from connector.spark.options import SinkOptions
 from connector.spark.sharding import queue_ids
 from connector.spark.sink_columns import SinkColumns, message_table
@@ -129,12 +130,22 @@ class OrderlyMQWriter(_OrderlyMQWriterMixin, DataSourceArrowWriter):
 
 
 class OrderlyMQStreamWriter(_OrderlyMQWriterMixin, DataSourceStreamArrowWriter):
-    """``df.writeStream.format("orderlymq")``: each micro-batch becomes visible once, in partition order."""
+    """``df.writeStream.format("orderlymq")``: each micro-batch becomes visible once, in partition order.
+
+    With ``checkpoint`` (the query's checkpointLocation), the groups of the ``orderlymq`` sources
+    of the batch move to its end right after it became visible (``connector.spark.handoff``).
+    """
 
     streaming = True
 
+    def __init__(self, options: SinkOptions, columns: SinkColumns, queue_counts: dict[str, int],
+                 checkpoint: str | None = None) -> None:
+        super().__init__(options, columns, queue_counts)
+        self.checkpoint = checkpoint
+
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         self._commit(messages, batchId)
+        advance_group_offsets(self.checkpoint, batchId)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         self._abort(messages, batchId)

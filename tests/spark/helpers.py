@@ -1,17 +1,22 @@
-"""Raw-RPC helpers for the Spark tests: create topics, produce keyed events, read queues back.
+"""Raw-RPC helpers for the Spark tests: create topics, produce keyed events, read queues back,
+and judge what came out with the one strict checker, ``connector.history``.
 
 They use the wire layer only (``BrokerConnection`` + ``pb`` + ``codec``) and route with the one
-routing function, so the tests check the connector against the broker and nothing else.
+routing function, so the tests check the connector against the broker and nothing else. Rows and
+stored messages are judged in the order they were emitted (a topic: queue by queue in queue
+order; a stream: batch by batch in the order the batch's rows came out), never sorted first.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 from collections import defaultdict
 
 from broker.wire import codec
 from broker.wire.routing import queue_for_key
 from connector.client.connection import BrokerConnection, pb
+from connector.history import Delivery, Send, Verdict, check
 from tests.support import pull_all
 
 
@@ -49,18 +54,27 @@ def topic_events(conn: BrokerConnection, topic: str) -> dict[int, list[tuple[str
     return out
 
 
-def by_key(events) -> dict[str, list[int]]:
-    """``{key: [seq, ...]}`` in the order given."""
-    out: dict[str, list[int]] = defaultdict(list)
-    for key, seq in events:
-        out[key].append(seq)
-    return dict(out)
+def row_events(rows) -> list[tuple[str, int]]:
+    """The ``(key, seq)`` of Spark rows with a JSON ``body``, in the order given (never sorted)."""
+    return [(body["key"], body["seq"]) for body in (json.loads(r["body"]) for r in rows)]
 
 
-def rows_by_key(rows) -> dict[str, list[int]]:
-    """Spark rows with a JSON ``body``, ordered by (queue, offset), as ``{key: [seq, ...]}``."""
-    ordered = sorted(rows, key=lambda r: (r["topic"], r["queue_id"], r["queue_offset"]))
-    return by_key((json.loads(r["body"])["key"], json.loads(r["body"])["seq"]) for r in ordered)
+def judge(expected, delivered) -> Verdict:
+    """``connector.history.check`` of ``delivered`` ``(key, seq)`` in emission order against the
+    acknowledged sends ``expected``."""
+    return check([Send(key, seq, True) for key, seq in expected], [Delivery(key, seq) for key, seq in delivered])
+
+
+def assert_delivered(expected, delivered) -> Verdict:
+    """Every event of ``expected`` delivered once, each key in order (emission order)."""
+    verdict = judge(list(expected), list(delivered))
+    assert verdict.ok and verdict.deliveries == verdict.acked, str(verdict)
+    return verdict
+
+
+def topic_delivered(out: dict[int, list[tuple[str, int]]]) -> list[tuple[str, int]]:
+    """The events of ``topic_events`` queue by queue, each queue in queue order."""
+    return [event for _, events in sorted(out.items()) for event in events]
 
 
 def committed(conn: BrokerConnection, group: str, topic: str) -> dict[int, int]:
@@ -70,3 +84,42 @@ def committed(conn: BrokerConnection, group: str, topic: str) -> dict[int, int]:
         for q in range(count)
     }
 
+
+class Collector:
+    """A foreachBatch sink keeping each batch's rows by batch id (a replayed batch replaces itself).
+
+    ``before(batch_id)``, when given, runs before the batch is read (the DataFrame is lazy): a
+    test injects its fault there, between the planning of a batch and the reading of it.
+    """
+
+    def __init__(self, before=None):
+        self.batches: dict[int, list] = {}
+        self._lock = threading.Lock()
+        self._before = before
+
+    def __call__(self, df, batch_id):
+        if self._before is not None:
+            self._before(batch_id)
+        rows = df.collect()
+        with self._lock:
+            self.batches[batch_id] = rows
+
+    def rows(self):
+        with self._lock:
+            return [row for _, rows in sorted(self.batches.items()) for row in rows]
+
+
+def stream(ospark, broker, topic, group, **options):
+    reader = ospark.readStream.format("orderlymq").option("brokers", broker.address).option("topic", topic)
+    reader = reader.option("consumerGroup", group).option("pollTimeoutMs", "5000")
+    for key, value in options.items():
+        reader = reader.option(key, str(value))
+    return reader.load()
+
+
+def run_available_now(df, checkpoint, collector):
+    query = df.writeStream.foreachBatch(collector).option("checkpointLocation", str(checkpoint))
+    query = query.trigger(availableNow=True).start()
+    query.awaitTermination(120)
+    assert query.exception() is None
+    return query

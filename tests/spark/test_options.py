@@ -20,6 +20,14 @@ def source(streaming=True, **extra):
     return SourceOptions.from_options({**BASE, **extra}, streaming=streaming)
 
 
+def test_group_offset_conflict_modes():
+    assert source().group_offset_conflict == "fail"
+    assert source(groupOffsetConflict="Group").group_offset_conflict == "group"
+    assert source(groupOffsetConflict="checkpoint").group_offset_conflict == "checkpoint"
+    with pytest.raises(InvalidOptionError, match="'groupOffsetConflict' applies to streaming reads only"):
+        source(streaming=False, groupOffsetConflict="group")
+
+
 def test_defaults_and_case_insensitive_keys():
     opts = SourceOptions.from_options({"BROKERS": "h:1", "Topics": "a, b", "consumergroup": "g"})
     assert opts.topics == ("a", "b")
@@ -51,6 +59,7 @@ def test_defaults_and_case_insensitive_keys():
         ({**BASE, "maxMessagesPerTrigger": "0"}, "option 'maxMessagesPerTrigger' must be at least 1"),
         ({**BASE, "failOnDataLoss": "maybe"}, "option 'failOnDataLoss' must be true or false"),
         ({**BASE, "lockTimeoutMs": "-1"}, "option 'lockTimeoutMs' must be at least 0"),
+        ({**BASE, "groupOffsetConflict": "newest"}, "option 'groupOffsetConflict' must be fail, group or checkpoint"),
     ],
 )
 def test_bad_stream_options_name_the_option_and_fix(options, message):

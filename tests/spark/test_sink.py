@@ -13,7 +13,7 @@ from pyspark.sql.types import StructField, StructType
 from connector.client.connection import pb
 from connector.spark import OrderlyMQDataSource
 from connector.spark.schema import source_schema
-from tests.spark.helpers import by_key, create_topic, keyed_events, produce, topic_events
+from tests.spark.helpers import assert_delivered, create_topic, keyed_events, produce, topic_delivered, topic_events
 
 pytestmark = pytest.mark.spark
 
@@ -25,7 +25,7 @@ def check_routed_in_order(conn, topic, queues, expected):
     out = topic_events(conn, topic)
     for queue_id, events in out.items():
         assert all(queue_for_key(key, queues) == queue_id for key, _ in events)
-    assert by_key(e for events in out.values() for e in events) == by_key(expected)
+    assert_delivered(expected, topic_delivered(out))
 
 
 def copy_stream(ospark, broker, source, target, checkpoint, **sink_options):

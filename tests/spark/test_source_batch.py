@@ -9,7 +9,7 @@ import pytest
 
 from broker.wire import codec
 from connector.client.connection import pb
-from tests.spark.helpers import by_key, create_topic, keyed_events, produce, rows_by_key
+from tests.spark.helpers import assert_delivered, create_topic, keyed_events, produce, row_events
 from tests.support import wait_until
 
 pytestmark = pytest.mark.spark
@@ -31,7 +31,7 @@ def test_batch_read_whole_topic_in_queue_order(ospark, broker, conn, topic_name)
     rows = read(ospark, broker.address, topic_name).collect()
     with_props = [r for r in rows if r["key"] == "p"]
     assert with_props[0]["properties"] == {"a": "1"} and with_props[0]["tag"] == "T"
-    assert rows_by_key(r for r in rows if r["key"] != "p") == by_key(events)
+    assert_delivered(events, row_events(r for r in rows if r["key"] != "p"))
     assert {r["broker"] for r in rows} == {"broker-a"}
     lean = read(ospark, broker.address, topic_name, includeProperties="false")
     assert "properties" not in lean.columns and lean.count() == len(events) + 1
@@ -63,8 +63,8 @@ def test_batch_read_by_timestamps(ospark, broker, conn, topic_name):
     produce(conn, topic_name, 2, late)
     after = read(ospark, broker.address, topic_name, startingTimestamp=cut).collect()
     before = read(ospark, broker.address, topic_name, endingTimestamp=cut).collect()
-    assert rows_by_key(after) == by_key(late)
-    assert rows_by_key(before) == by_key(early)
+    assert_delivered(late, row_events(after))
+    assert_delivered(early, row_events(before))
 
 
 def test_retention_and_fail_on_data_loss(ospark, broker_factory, topic_name):

@@ -3,48 +3,24 @@
 from __future__ import annotations
 
 import json
-import threading
 
 import pytest
 
 from connector.client.connection import pb
-from tests.spark.helpers import by_key, committed, create_topic, keyed_events, produce, rows_by_key
+from tests.spark.helpers import (
+    Collector,
+    assert_delivered,
+    committed,
+    create_topic,
+    keyed_events,
+    produce,
+    row_events,
+    run_available_now,
+    stream,
+)
 from tests.support import wait_until
 
 pytestmark = pytest.mark.spark
-
-
-class Collector:
-    """A foreachBatch sink keeping each batch's rows by batch id (a replayed batch replaces itself)."""
-
-    def __init__(self):
-        self.batches: dict[int, list] = {}
-        self._lock = threading.Lock()
-
-    def __call__(self, df, batch_id):
-        rows = df.collect()
-        with self._lock:
-            self.batches[batch_id] = rows
-
-    def rows(self):
-        with self._lock:
-            return [row for _, rows in sorted(self.batches.items()) for row in rows]
-
-
-def stream(ospark, broker, topic, group, **options):
-    reader = ospark.readStream.format("orderlymq").option("brokers", broker.address).option("topic", topic)
-    reader = reader.option("consumerGroup", group).option("pollTimeoutMs", "5000")
-    for key, value in options.items():
-        reader = reader.option(key, str(value))
-    return reader.load()
-
-
-def run_available_now(df, checkpoint, collector):
-    query = df.writeStream.foreachBatch(collector).option("checkpointLocation", str(checkpoint))
-    query = query.trigger(availableNow=True).start()
-    query.awaitTermination(120)
-    assert query.exception() is None
-    return query
 
 
 def end_positions(query) -> dict[int, int]:
@@ -93,7 +69,7 @@ def test_stream_reads_events_produced_while_running_in_order(ospark, leased, top
             expected = len(produced)
             assert wait_until(lambda: len(collector.rows()) >= expected or query.exception(), 60)  # noqa: B023
         assert query.exception() is None
-        assert rows_by_key(collector.rows()) == by_key(produced)
+        assert_delivered(produced, row_events(collector.rows()))
         # The group's offsets reach the end of every queue once the batch that read it has completed.
         ends = queue_ends(conn, topic_name, 3)
         assert sum(ends.values()) == len(produced)
@@ -119,7 +95,7 @@ def test_restart_from_checkpoint_neither_loses_nor_duplicates(ospark, broker, co
     q2 = run_available_now(df, tmp_path / "ck", collector)
     # Same consumer identity after the restart (lockTimeoutMs=0: it never waited for a lock).
     assert json.loads(q2.lastProgress["sources"][0]["endOffset"])["clientId"] == client
-    assert rows_by_key(collector.rows()) == by_key(first + second)
+    assert_delivered(first + second, row_events(collector.rows()))
     assert all(len(rows) <= 10 for rows in collector.batches.values())
     assert committed(conn, "g2", topic_name) == end_positions(q2)
 
@@ -162,7 +138,7 @@ def test_tag_filter_and_new_queues(ospark, broker, conn, topic_name, tmp_path):
     collector = Collector()
     df = stream(ospark, broker, topic_name, "g4", tags="even", startingOffsets="earliest")
     q1 = run_available_now(df, tmp_path / "ck", collector)
-    assert rows_by_key(collector.rows()) == by_key(e for e in events if e[1] % 2 == 0)
+    assert_delivered([e for e in events if e[1] % 2 == 0], row_events(collector.rows()))
     assert {r["tag"] for r in collector.rows()} == {"even"}
     # End offsets are queue offsets: the filtered-out messages are skipped, not left behind.
     assert end_positions(q1) == {
@@ -176,7 +152,7 @@ def test_tag_filter_and_new_queues(ospark, broker, conn, topic_name, tmp_path):
 
     conn.call("Send", pb.SendRequest(topic=topic_name, queue_id=2, batch=codec.encode(codec.messages_to_batch(batch))))
     q2 = run_available_now(df, tmp_path / "ck", collector)
-    assert rows_by_key(collector.rows())["late"] == [0, 2]
+    assert_delivered([e for e in events if e[1] % 2 == 0] + late, row_events(collector.rows()))
     assert end_positions(q2)[2] == 2
 
 

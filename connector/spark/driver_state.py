@@ -1,0 +1,149 @@
+"""The state of the driver-side stream reader: connection, locks, the group's offsets.
+
+It lives in the Python process Spark keeps for the reader during the life of the query, and is
+never pickled. Two duties beyond holding the locks:
+
+- **Committing the group's offsets** (fenced by the lock epochs), recording where this client
+  left each queue; a commit refused because the lock was lost takes the lock again only when
+  the group's offsets show that nobody else consumed the queue (``group_offsets``).
+- **Checking a checkpoint against the group** on the first call of a query restarted from its
+  checkpoint: when another client of the group moved the offsets since, the option
+  ``groupOffsetConflict`` decides: ``fail`` (default) stops the query with both positions and
+  the other client named; ``group`` reads on from the group's offsets; ``checkpoint`` reads on
+  from the checkpoint's (re-reading what the other client read).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from broker.wire.errors import FencedError, GroupOffsetConflictError
+from connector.client.connection import pb
+from connector.spark import metadata
+from connector.spark.group_offsets import GroupOffset, group_offset, moved_by_other
+from connector.spark.lock_warden import Warden
+from connector.spark.locks import LockKeeper
+from connector.spark.offsets import Positions, QueueRef
+from connector.spark.options import SourceOptions
+
+__all__ = ["DriverState"]
+
+log = logging.getLogger(__name__)
+
+
+class DriverState:
+    """Connection, locks and offset bookkeeping of the driver-side reader process."""
+
+    def __init__(self, options: SourceOptions, client_id: str) -> None:
+        self.options = options
+        self.client_id = client_id
+        self.group = options.consumer_group or ""
+        self.conn = options.connect()
+        self.locks = LockKeeper(self.conn, self.group, client_id, options.lock_timeout_ms, left_at=self._left_at)
+        self.warden = Warden(options.brokers, self.group, client_id)
+        self.locks.on_change = self.warden.holds
+        self.last_latest: Positions | None = None
+        self.broker_name = ""
+        self._left: Positions = {}  # where this client left (committed or accepted) the group's offsets
+        self._rebase: dict[QueueRef, tuple[int, int]] = {}  # groupOffsetConflict=group: (checkpoint, group)
+        self.checked = False
+
+    def _left_at(self, ref: QueueRef) -> int | None:
+        return self._left.get(ref)
+
+    def queues(self) -> list[QueueRef]:
+        """Every queue of the topics now (new queues of a growing topic appear here)."""
+        routes = metadata.describe_topics(self.conn, self.options.topics)
+        self.broker_name = next(iter(routes.values())).broker_name
+        return metadata.all_queues(routes)
+
+    def latest(self, queues: list[QueueRef]) -> Positions:
+        self.last_latest = {ref: metadata.queue_bounds(self.conn, ref)[1] for ref in queues}
+        return dict(self.last_latest)
+
+    # -- the group's offsets ---------------------------------------------------------------------
+
+    def accept_group(self, queues: list[QueueRef]) -> dict[QueueRef, GroupOffset]:
+        """Record the group's offsets of ``queues`` as this client's starting point (locks held)."""
+        found = {ref: group_offset(self.conn, self.group, ref) for ref in queues}
+        for ref, offset in found.items():
+            if offset.offset >= 0:
+                self._left[ref] = offset.offset
+        return found
+
+    def check_checkpoint(self, checkpoint: Positions, queues: list[QueueRef]) -> None:
+        """Compare a checkpoint's positions with the group's offsets (once, on a restart)."""
+        self.checked = True
+        found = self.accept_group(queues)
+        conflicts = {
+            ref: (pos, found[ref]) for ref, pos in sorted(checkpoint.items())
+            if ref in found and moved_by_other(found[ref], self.client_id, pos)
+        }
+        if not conflicts:
+            return
+        mode = self.options.group_offset_conflict
+        listed = "; ".join(
+            f"{topic}/{queue_id}: checkpoint at {pos}, group at {offset.describe()}"
+            for (topic, queue_id), (pos, offset) in conflicts.items()
+        )
+        if mode == "fail":
+            others = sorted({offset.committed_by or "(a commit without a client id)" for _, offset in conflicts.values()})
+            raise GroupOffsetConflictError(
+                f"consumer group {self.group!r}: this query (client {self.client_id!r}) restarts from its checkpoint, "
+                f"but client(s) {', '.join(others)} moved the group's offsets since it stopped ({listed}). Reading "
+                "from the checkpoint would read again what they read. Set option groupOffsetConflict='group' to go "
+                "on from the group's offsets, or 'checkpoint' to keep the checkpoint's, or use another "
+                "consumerGroup",
+                {ref: (pos, offset.offset, offset.committed_by) for ref, (pos, offset) in conflicts.items()},
+            )
+        log.warning("consumer group %r: offsets moved by another client since the checkpoint (%s); "
+                    "groupOffsetConflict=%s", self.group, listed, mode)
+        if mode == "group":
+            self._rebase = {ref: (pos, offset.offset) for ref, (pos, offset) in conflicts.items()}
+
+    def effective(self, positions: Positions) -> Positions:
+        """Spark's positions, moved to the group's where ``groupOffsetConflict=group`` applies."""
+        out = dict(positions)
+        for ref, (checkpoint, group) in self._rebase.items():
+            pos = positions.get(ref)
+            if pos is None:
+                continue
+            if group > checkpoint:
+                out[ref] = max(pos, group)
+            elif pos == checkpoint:
+                out[ref] = group
+        return out
+
+    def commit(self, end: Positions) -> None:
+        """Commit the group's offsets for the queues that moved, fenced by the lock epochs.
+
+        Spark calls ``commit(end)`` lazily, when it plans the batch after the one ending at
+        ``end``. ``latestOffset(start)`` and ``partitions(start, end)`` are only called once every
+        batch up to ``start`` has completed, so they commit ``start`` too.
+        """
+        moved = {ref: pos for ref, pos in end.items() if self._left.get(ref) != pos}
+        if not moved:
+            return
+        epochs = self.locks.epochs(moved)
+        for ref, pos in sorted(moved.items()):
+            try:
+                self._commit_one(ref, pos, epochs[ref])
+            except FencedError:
+                # The lock was lost (a broker restart frees them all): take it again if nobody else
+                # consumed the queue, else the FencedError names who did.
+                self._commit_one(ref, pos, self.locks.recover(ref))
+            self._left[ref] = pos
+
+    def _commit_one(self, ref: QueueRef, pos: int, epoch: int) -> None:
+        topic, queue_id = ref
+        request = pb.CommitOffsetRequest(
+            group=self.group, topic=topic, queue_id=queue_id, offset=pos, client_id=self.client_id, epoch=epoch
+        )
+        self.conn.call("CommitOffset", request)
+
+    def close(self) -> None:
+        try:
+            if self.locks.release():
+                self.warden.dismiss()  # else it retries the unlock once this process has gone
+        finally:
+            self.conn.close()

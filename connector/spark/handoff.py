@@ -1,0 +1,84 @@
+"""The sink's half of a clean hand-over: advance the source group's offsets right after a batch
+became visible.
+
+Spark tells a source that a micro-batch is done only lazily (``commit(end)`` and the next
+``latestOffset`` come when the *next* batch is planned), so a query stopped between two batches
+leaves its group's offsets one batch behind what its sink already made visible, and the next
+query of the group would read that batch again. The ``orderlymq`` sink closes this window: right
+after its ``commit(messages, batchId)`` made the batch visible, and before Spark records the batch
+in its commit log, it reads the batch's source offsets from the query's checkpoint
+(``<checkpointLocation>/offsets/<batchId>``) and commits, for every ``orderlymq`` source there,
+the group's offsets to the batch's end, as the source's own client id and with the epoch of the
+lock that client holds now (a queue the client no longer holds is left alone: fencing still
+applies). What remains is the time between the sink's last ``CommitTxn`` and these commits.
+
+Best effort by design: any failure is logged and the source's own lazy commit still follows.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from broker.wire.errors import OrderlyMQError
+from connector.client.connection import BrokerConnection, pb
+from connector.client.locking import queues_by_topic
+from connector.spark.offsets import positions_of
+
+__all__ = ["advance_group_offsets", "source_offsets"]
+
+log = logging.getLogger(__name__)
+
+_KEYS = frozenset({"clientId", "group", "brokers", "queues"})
+
+
+def source_offsets(checkpoint: str, batch_id: int) -> list[dict]:
+    """The ``orderlymq`` source offsets Spark planned for ``batch_id`` (none if unreadable)."""
+    path = Path(checkpoint.removeprefix("file:")) / "offsets" / str(batch_id)
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return []  # not a local checkpoint, or no such batch: the source's lazy commit does it
+    found = []
+    for line in lines[2:]:  # "v1", the batch metadata, then one offset per source
+        try:
+            parsed = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(parsed, dict) and _KEYS <= parsed.keys():
+            found.append(parsed)
+    return found
+
+
+def advance_group_offsets(checkpoint: str | None, batch_id: int) -> int:
+    """Commit the groups' offsets of ``batch_id``'s ``orderlymq`` sources; the number committed."""
+    if not checkpoint:
+        return 0
+    done = 0
+    for offset in source_offsets(checkpoint, batch_id):
+        try:
+            with BrokerConnection(offset["brokers"], timeout=10, retry_timeout=10) as conn:
+                done += _advance(conn, offset["group"], offset["clientId"], positions_of(offset))
+        except OrderlyMQError as exc:
+            log.warning("batch %d: advancing the offsets of group %r failed (the source commits them when it plans "
+                        "the next batch): %s", batch_id, offset["group"], exc)
+    return done
+
+
+def _advance(conn: BrokerConnection, group: str, client_id: str, positions: dict) -> int:
+    done = 0
+    for topic, ids in queues_by_topic(positions).items():
+        locks = conn.call("QueryLocks", pb.QueryLocksRequest(group=group, topic=topic)).locks
+        epochs = {lock.queue_id: lock.epoch for lock in locks if lock.client_id == client_id}
+        for queue_id in ids:
+            if queue_id not in epochs:
+                continue  # the query lost the queue: fencing decides, not this commit
+            pos = positions[(topic, queue_id)]
+            current = conn.call("GetOffset", pb.GetOffsetRequest(group=group, topic=topic, queue_id=queue_id))
+            if current.offset >= pos:
+                continue  # never move a group's offset back
+            conn.call("CommitOffset", pb.CommitOffsetRequest(
+                group=group, topic=topic, queue_id=queue_id, offset=pos, client_id=client_id, epoch=epochs[queue_id]))
+            done += 1
+    return done

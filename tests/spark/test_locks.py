@@ -1,0 +1,97 @@
+"""The driver's LockKeeper against a real broker that restarts (locks live in its memory): an
+epoch that changed is adopted only when the group's offsets show nobody else consumed."""
+
+from __future__ import annotations
+
+import pytest
+
+from broker.wire.errors import FencedError
+from connector.client import locking
+from connector.client.connection import BrokerConnection, pb
+from connector.spark.locks import LockKeeper
+from tests.faults.brokers import broker_process
+from tests.spark.helpers import create_topic, keyed_events, produce
+
+
+@pytest.fixture
+def restartable(tmp_path):
+    proc = broker_process(tmp_path / "broker").start()
+    conn = BrokerConnection(proc.address, retry_timeout=30)
+    yield proc, conn
+    conn.close()
+    proc.kill9()
+
+
+def commit(conn, client_id, epoch, offset, topic, group="g"):
+    conn.call("CommitOffset", pb.CommitOffsetRequest(group=group, topic=topic, queue_id=0, offset=offset,
+                                                     client_id=client_id, epoch=epoch))
+
+
+def test_renewal_fences_a_queue_another_client_consumed_while_the_lock_was_free(restartable, topic_name):
+    proc, conn = restartable
+    create_topic(conn, topic_name, 1)
+    produce(conn, topic_name, 1, keyed_events(1, 10))
+    ref = (topic_name, 0)
+    keeper = LockKeeper(conn, "g", "me", 1000)
+    commit(conn, "me", keeper.epochs([ref])[ref], 5, topic_name)
+    proc.kill9()
+    proc.start()  # every lock is free now
+    rival = locking.try_lock(conn, "g", "rival", topic_name, [0])[0]
+    commit(conn, "rival", rival, 9, topic_name)
+    conn.call("UnlockBatch", pb.UnlockBatchRequest(group="g", client_id="rival", topic=topic_name, queue_ids=[0]))
+    keeper.renew()
+    with pytest.raises(FencedError, match="'rival'"):
+        keeper.epochs([ref])
+    keeper.release()
+
+
+def test_renewal_takes_back_a_lock_freed_by_a_restart_when_nobody_else_consumed(restartable, topic_name):
+    proc, conn = restartable
+    create_topic(conn, topic_name, 1)
+    produce(conn, topic_name, 1, keyed_events(1, 10))
+    ref = (topic_name, 0)
+    left = {}
+    keeper = LockKeeper(conn, "g", "me", 1000, left_at=left.get)
+    before = keeper.epochs([ref])[ref]
+    commit(conn, "me", before, 5, topic_name)
+    left[ref] = 5
+    proc.kill9()
+    proc.start()
+    keeper.renew()
+    after = keeper.epochs([ref])[ref]
+    assert after > before
+    commit(conn, "me", after, 6, topic_name)  # the adopted epoch is the broker's
+    keeper.release()
+
+
+def test_the_warden_releases_the_locks_of_a_reader_process_that_died(broker, topic_name):
+    import subprocess
+    import sys
+
+    from tests.support import wait_until
+
+    def holders():
+        locks = conn.call("QueryLocks", pb.QueryLocksRequest(group="w", topic=topic_name)).locks
+        return sorted(lock.queue_id for lock in locks if lock.client_id == "reader")
+
+    with BrokerConnection(broker.address, retry_timeout=5) as conn:
+        create_topic(conn, topic_name, 2)
+        # A stand-in for the driver-side reader: it takes the locks, tells its warden, and dies
+        # without releasing them (as when Spark or the OS kills it) once the test has seen them.
+        code = (
+            "import os, sys; from connector.client.connection import BrokerConnection; "
+            "from connector.spark.locks import LockKeeper; from connector.spark.lock_warden import Warden; "
+            f"conn = BrokerConnection({broker.address!r}); keeper = LockKeeper(conn, 'w', 'reader', 1000); "
+            f"warden = Warden({broker.address!r}, 'w', 'reader'); "
+            f"warden.holds(keeper.epochs([({topic_name!r}, 0), ({topic_name!r}, 1)])); "
+            "print('held', flush=True); sys.stdin.readline(); os._exit(9)"
+        )
+        reader = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  text=True)
+        assert reader.stdout.readline().strip() == "held"
+        assert holders() == [0, 1]
+        reader.stdin.write("die\n")
+        reader.stdin.flush()
+        assert reader.wait(timeout=60) == 9
+        # Released by the warden, not expired: the broker's lease is 60 s.
+        assert wait_until(lambda: not holders(), 20), holders()

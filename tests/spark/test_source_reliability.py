@@ -1,0 +1,297 @@
+"""The streaming source under ordinary operations: hand-over between queries of a group, locks
+that lapse or pass through another client, stops with a batch in flight, broker restarts and
+freezes. Real broker (a subprocess where it must be killed or frozen), real Spark; every output
+is judged per key in emission order by ``connector.history``."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import threading
+import time
+
+import pytest
+
+from connector.client import locking
+from connector.client.connection import BrokerConnection, pb
+from connector.spark.diagnostics import failure_reasons
+from tests.faults.brokers import broker_process
+from tests.spark.helpers import (
+    Collector,
+    assert_delivered,
+    committed,
+    create_topic,
+    keyed_events,
+    produce,
+    row_events,
+    run_available_now,
+    stream,
+    topic_delivered,
+    topic_events,
+)
+from tests.support import wait_until
+
+pytestmark = pytest.mark.spark
+
+
+@pytest.fixture
+def restartable(tmp_path):
+    """A broker subprocess (default lease) that a test can kill -9 and start again on its port."""
+    proc = broker_process(tmp_path / "broker").start()
+    conn = BrokerConnection(proc.address, retry_timeout=30)
+    yield proc, conn
+    conn.close()
+    proc.kill9()
+
+
+def held_locks(conn, group, topic) -> dict[int, pb.QueueLock]:
+    locks = conn.call("QueryLocks", pb.QueryLocksRequest(group=group, topic=topic)).locks
+    return {lock.queue_id: lock for lock in locks if lock.client_id}
+
+
+def client_of(query) -> str:
+    end = query.lastProgress["sources"][0]["endOffset"]
+    return (json.loads(end) if isinstance(end, str) else end)["clientId"]
+
+
+def start_available_now(df, checkpoint, collector):
+    query = df.writeStream.foreachBatch(collector).option("checkpointLocation", str(checkpoint))
+    return query.trigger(availableNow=True).start()
+
+
+# -- break 1: hand-over between two queries of one group ------------------------------------------
+
+
+def test_restart_from_older_checkpoint_after_another_query_consumed(ospark, broker, conn, topic_name, tmp_path):
+    create_topic(conn, topic_name, 2)
+    first, second, third = keyed_events(4, 5), keyed_events(4, 5, start=5), keyed_events(4, 5, start=10)
+    produce(conn, topic_name, 2, first)
+    c1 = Collector()
+    q1 = run_available_now(stream(ospark, broker, topic_name, "h1"), tmp_path / "ck1", c1)
+    produce(conn, topic_name, 2, second)
+    c2 = Collector()
+    q2 = run_available_now(stream(ospark, broker, topic_name, "h1"), tmp_path / "ck2", c2)  # from the group's
+    rival, group_ends = client_of(q2), committed(conn, "h1", topic_name)
+    produce(conn, topic_name, 2, third)
+    shutil.copytree(tmp_path / "ck1", tmp_path / "ck1-copy")
+
+    again = start_available_now(stream(ospark, broker, topic_name, "h1"), tmp_path / "ck1", Collector())
+    with pytest.raises(Exception, match="groupOffsetConflict"):
+        again.awaitTermination(120)
+    message = str(again.exception())
+    assert rival in message and client_of(q1) in message
+    assert all(f"group at offset {group_ends[q]}" in message for q in group_ends)  # both positions named
+
+    # Following the group's offsets: q1 reads on exactly where q2 stopped.
+    c3 = Collector()
+    run_available_now(stream(ospark, broker, topic_name, "h1", groupOffsetConflict="group"), tmp_path / "ck1", c3)
+    assert_delivered(first + second + third, row_events(c1.rows() + c2.rows() + c3.rows()))
+
+    # Keeping the checkpoint's: q1 reads again what q2 read (asked for explicitly).
+    c4 = Collector()
+    df = stream(ospark, broker, topic_name, "h1", groupOffsetConflict="checkpoint")
+    run_available_now(df, tmp_path / "ck1-copy", c4)
+    assert_delivered(second + third, row_events(c4.rows()))
+
+
+def copy_query(ospark, broker, source, group, checkpoint, trigger):
+    df = stream(ospark, broker, source, group)
+    writer = (df.select("key", "body").writeStream.format("orderlymq").option("brokers", broker.address)
+              .option("topic", f"{source}-out").option("shardingKey", "key").option("checkpointLocation", str(checkpoint)))
+    return writer.trigger(**trigger).start()
+
+
+def test_next_holder_starts_exactly_after_what_the_stopped_query_made_visible(ospark, broker, conn, topic_name,
+                                                                              tmp_path):
+    create_topic(conn, topic_name, 2)
+    create_topic(conn, f"{topic_name}-out", 2)
+    first, second = keyed_events(4, 10), keyed_events(4, 10, start=10)
+    produce(conn, topic_name, 2, first)
+    # A long trigger interval: the query is stopped right after its second batch became visible,
+    # before the next trigger, when Spark has not yet told the source that the batch is done.
+    q1 = copy_query(ospark, broker, topic_name, "v1", tmp_path / "ck1", {"processingTime": "8 seconds"})
+    out = f"{topic_name}-out"
+    try:
+        assert wait_until(lambda: len(topic_delivered(topic_events(conn, out))) == len(first) or q1.exception(), 120)
+        produce(conn, topic_name, 2, second)
+        assert wait_until(lambda: len(topic_delivered(topic_events(conn, out))) == 2 * len(first) or q1.exception(), 120)
+        assert q1.exception() is None
+    finally:
+        q1.stop()
+    assert q1.exception() is None
+    assert sum(committed(conn, "v1", topic_name).values()) == 2 * len(first)  # right after what became visible
+    third = keyed_events(4, 10, start=20)
+    produce(conn, topic_name, 2, third)
+    q2 = copy_query(ospark, broker, topic_name, "v1", tmp_path / "ck2", {"availableNow": True})
+    q2.awaitTermination(120)
+    assert q2.exception() is None
+    assert_delivered(first + second + third, topic_delivered(topic_events(conn, out)))
+
+
+# -- break 2: a lock that passed through another client fences the batch ---------------------------
+
+
+def test_batch_planned_before_the_lock_passed_through_another_client_is_fenced(
+        ospark, restartable, topic_name, tmp_path):
+    proc, conn = restartable
+    create_topic(conn, topic_name, 2)
+    produce(conn, topic_name, 2, keyed_events(4, 20))
+    intruder = "intruder-client"
+
+    def intrude(batch_id):
+        if batch_id == 1:
+            # A restart frees the query's locks; another client takes them, consumes and leaves.
+            proc.kill9()
+            proc.start()
+            held = locking.lock_queues(conn, "f2", intruder, [(topic_name, 0), (topic_name, 1)], 10, advice="")
+            for (topic, queue_id), epoch in held.items():
+                end = conn.call("QueryOffsets", pb.QueryOffsetsRequest(topic=topic, queue_id=queue_id)).max_offset
+                conn.call("CommitOffset", pb.CommitOffsetRequest(group="f2", topic=topic, queue_id=queue_id,
+                                                                 offset=end, client_id=intruder, epoch=epoch))
+            conn.call("UnlockBatch", pb.UnlockBatchRequest(group="f2", client_id=intruder, topic=topic_name,
+                                                           queue_ids=[0, 1]))
+
+    collector = Collector(before=intrude)
+    df = stream(ospark, proc, topic_name, "f2", maxMessagesPerTrigger=40, startingOffsets="earliest")
+    query = start_available_now(df, tmp_path / "ck", collector)
+    with pytest.raises(Exception, match=intruder):
+        query.awaitTermination(180)
+    assert "FencedError" in str(query.exception())
+    assert sorted(collector.batches) == [0]  # the fenced batch delivered nothing
+
+
+# -- break 3: queues held while waiting for the rest are renewed -----------------------------------
+
+
+def test_queues_held_while_waiting_for_the_rest_do_not_lapse(ospark, broker_factory, topic_name, tmp_path):
+    running = broker_factory(lock_lease_ms=3000)
+    conn = BrokerConnection(running.address, retry_timeout=5)
+    create_topic(conn, topic_name, 2)
+    events = keyed_events(6, 5)
+    produce(conn, topic_name, 2, events)
+    rival_done = threading.Event()
+
+    def rival():  # holds queue 1 (renewing it) until told to leave
+        while not rival_done.is_set():
+            locking.try_lock(conn, "p3", "rival", topic_name, [1])
+            rival_done.wait(0.5)
+        conn.call("UnlockBatch", pb.UnlockBatchRequest(group="p3", client_id="rival", topic=topic_name, queue_ids=[1]))
+
+    holder = threading.Thread(target=rival, daemon=True)
+    holder.start()
+    assert wait_until(lambda: 1 in held_locks(conn, "p3", topic_name), 10)
+    collector = Collector()
+    query = start_available_now(stream(ospark, running, topic_name, "p3", lockTimeoutMs=60000), tmp_path / "ck",
+                                collector)
+    try:
+        first = wait_until(lambda: held_locks(conn, "p3", topic_name).get(0), 60)
+        assert first and first.client_id != "rival"
+        # Explicit wait past the end of the lease the query first got for queue 0.
+        assert wait_until(lambda: time.time() * 1000 > first.expires_at_ms + 1000, 10)
+    finally:
+        rival_done.set()
+        holder.join()
+    query.awaitTermination(120)
+    assert query.exception() is None
+    assert_delivered(events, row_events(collector.rows()))
+    conn.close()
+
+
+# -- break 4: q.stop() with a batch in flight releases the locks ---------------------------------
+
+
+def test_stop_with_a_batch_in_flight_releases_the_locks_every_time(ospark, broker, conn, topic_name, tmp_path):
+    from pyspark.sql import functions as F
+
+    create_topic(conn, topic_name, 4)
+    produce(conn, topic_name, 4, keyed_events(8, 10))
+    for round_ in range(3):
+        marks = tmp_path / f"marks-{round_}"
+        marks.mkdir()
+        df = stream(ospark, broker, topic_name, "s4", lockTimeoutMs=0)
+        slow = F.udf(_held_until(str(marks)), "binary")
+        query = (df.select("key", slow("body").alias("body")).writeStream.foreachBatch(Collector())
+                 .option("checkpointLocation", str(tmp_path / f"ck-{round_}"))
+                 .trigger(processingTime="100 milliseconds").start())
+        try:
+            assert wait_until(lambda: (marks / "started").exists() or query.exception(), 120)  # noqa: B023
+            assert query.exception() is None
+            assert held_locks(conn, "s4", topic_name)
+        finally:
+            query.stop()
+            (marks / "release").touch()
+        # The lease is 60 s: locks gone within seconds were released, not expired.
+        assert wait_until(lambda: not held_locks(conn, "s4", topic_name), 15), held_locks(conn, "s4", topic_name)
+
+
+def _held_until(marks: str):
+    def hold(body):  # no type hints: they would make Spark look for a pandas UDF
+        open(os.path.join(marks, "started"), "a").close()
+        deadline = time.monotonic() + 120
+        while not os.path.exists(os.path.join(marks, "release")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return body
+
+    return hold
+
+
+# -- break 5: broker restarts and freezes ---------------------------------------------------------
+
+
+def test_broker_restart_mid_stream_reads_on_without_loss(ospark, restartable, topic_name, tmp_path):
+    proc, conn = restartable
+    create_topic(conn, topic_name, 2)
+    events = keyed_events(4, 30)
+    produce(conn, topic_name, 2, events)
+    restarts = []
+
+    def restart(batch_id):
+        if batch_id in (1, 2) and batch_id not in restarts:
+            proc.kill9()
+            proc.start()
+            restarts.append(batch_id)
+
+    collector = Collector(before=restart)
+    df = stream(ospark, proc, topic_name, "r5", maxMessagesPerTrigger=30, startingOffsets="earliest")
+    run_available_now(df, tmp_path / "ck", collector)
+    assert restarts == [1, 2]
+    assert_delivered(events, row_events(collector.rows()))
+    assert sum(committed(conn, "r5", topic_name).values()) == len(events)
+
+
+def test_broker_frozen_past_poll_timeout_fails_with_the_cause(ospark, restartable, topic_name, tmp_path):
+    from pyspark.sql import functions as F
+
+    proc, conn = restartable
+    create_topic(conn, topic_name, 2)
+    create_topic(conn, f"{topic_name}-out", 2)
+    produce(conn, topic_name, 2, keyed_events(4, 10))
+    df = stream(ospark, proc, topic_name, "z5", startingOffsets="earliest", pollTimeoutMs=3000)
+    freeze = F.udf(_freezing(proc.pid, str(tmp_path / "frozen")), "binary")
+    query = (df.select("key", freeze("key", "body").alias("body")).writeStream.format("orderlymq")
+             .option("brokers", proc.address).option("topic", f"{topic_name}-out").option("shardingKey", "key")
+             .option("checkpointLocation", str(tmp_path / "ck")).trigger(processingTime="100 milliseconds").start())
+    try:
+        assert wait_until(lambda: sum(committed(conn, "z5", topic_name).values()) == 40 or query.exception(), 120)
+        assert query.exception() is None
+        produce(conn, topic_name, 2, [("freeze", 0)] + keyed_events(4, 10, start=10))  # frozen mid-batch
+        with pytest.raises(Exception, match="Writing job failed"):  # Spark's words for any failed write task
+            query.awaitTermination(180)
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+        query.stop()
+    assert (tmp_path / "frozen").exists()
+    reasons = failure_reasons(query)
+    assert any("BrokerUnavailableError" in r and proc.address in r for r in reasons), reasons
+
+
+def _freezing(pid: int, marker: str):
+    def forward(key, body):  # freezes the broker (SIGSTOP) the first time it sees key "freeze"
+        if key == "freeze" and not os.path.exists(marker):
+            open(marker, "w").close()
+            os.kill(pid, signal.SIGSTOP)
+        return body
+
+    return forward
