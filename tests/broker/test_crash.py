@@ -4,12 +4,11 @@ and in order; damaged bytes on disk are cut precisely and the rest is served."""
 from __future__ import annotations
 
 import threading
-import time
 from collections import defaultdict
 
 from broker.wire.errors import OrderlyMQError
 from connector.client.connection import BrokerConnection, pb
-from tests.support import BrokerProcess, pull_all, send_rows
+from tests.support import BrokerProcess, pull_all, send_rows, wait_until
 
 
 def test_kill9_during_sync_sends_loses_nothing_acknowledged(tmp_path):
@@ -32,7 +31,7 @@ def test_kill9_during_sync_sends_loses_nothing_acknowledged(tmp_path):
     threads = [threading.Thread(target=produce, args=(p,)) for p in range(4)]
     for t in threads:
         t.start()
-    time.sleep(1.5)
+    assert wait_until(lambda: sum(len(seqs) for seqs in acked.values()) >= 200, 60)  # traffic flows
     proc.kill9()
     stop.set()
     for t in threads:

@@ -24,7 +24,7 @@ from broker.wire.errors import (
     TransactionError,
 )
 from connector.client.connection import BrokerConnection, pb
-from tests.support import pull_all, send_rows
+from tests.support import pull_all, send_rows, wait_until
 
 
 @pytest.fixture
@@ -157,7 +157,7 @@ def lock(conn, topic, client, queues, group="g"):
 
 
 def test_lock_rules_and_fencing(broker_factory, topic_name):
-    broker = broker_factory(lock_lease_ms=600)
+    broker = broker_factory(lock_lease_ms=3000)  # seconds: no step below can outlive it by accident
     conn = BrokerConnection(broker.address, retry_timeout=2)
     create(conn, topic_name, 3)
     send_rows(conn, topic_name, 0, [{"body": b"m"}] * 3)
@@ -171,7 +171,8 @@ def test_lock_rules_and_fencing(broker_factory, topic_name):
     assert [(h.queue_id, h.client_id) for h in holders] == [(0, "A"), (1, "A"), (2, "B")]
     pull = pb.PullRequest(topic=topic_name, queue_id=0, offset=0, group="g", client_id="A", epoch=held[0])
     assert conn.call("Pull", pull).count == 3
-    time.sleep(0.8)  # let A's lease run out
+    lease_end_ms = max(h.expires_at_ms for h in holders if h.client_id == "A")
+    assert wait_until(lambda: time.time() * 1000 > lease_end_ms + 100, 10)  # A's lease has run out
     taken = lock(conn, topic_name, "B", [0])
     assert taken[0] > held[0], "a new holder gets a higher epoch"
     with pytest.raises(FencedError):
