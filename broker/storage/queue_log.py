@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from broker.persist import disk_full_as_error
+from broker.persist import disk_full_as_error, fsync_dir
 from broker.storage.arrivals import Arrivals
 from broker.storage.record import frame, parse_header, producer_hash
 from broker.storage.segment import CutReport, Segment
@@ -347,6 +347,7 @@ class QueueLog:
                 oldest.index_path.unlink(missing_ok=True)
                 self._retired.append(oldest)  # readers may still hold its fd for a moment
         if removed:
+            fsync_dir(self.directory)  # else a power cut can bring the deleted segments back
             log.info("retention removed %d messages from %s (now from offset %d)", removed, self.directory, self.min_offset)
         return removed
 

@@ -66,7 +66,9 @@ class Store:
         self.clock = clock
         self._meta_path = self.data_dir / "topics.json"
         self._lock = threading.RLock()
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        if not self.data_dir.exists():
+            self.data_dir.mkdir(parents=True)
+            fsync_dir(self.data_dir.parent)  # the data dir itself survives a power cut
         self._topics: dict[str, int] = {name: int(n) for name, n in read_json(self._meta_path, {}).items()}
         self._queues: dict[tuple[str, int], QueueLog] = {}
         for trash in self.data_dir.glob(".deleted-*"):  # deletes a crash interrupted, already committed

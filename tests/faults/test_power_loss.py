@@ -27,7 +27,7 @@ from connector.client.connection import BrokerConnection, pb
 from tests.faults.fault_profile import PROFILE
 from tests.faults.lazymount import LazyMount, fuse_missing
 from tests.faults.power_loss import PowerRun, broker_on, power_loss_run
-from tests.support import pull_all, send_rows
+from tests.support import pull_all, send_rows, wait_until
 
 SHORT_FLUSH_MS = 200
 NEVER_FLUSH_MS = 3_600_000  # far longer than any run: nothing acknowledged is fsynced between two cuts
@@ -153,6 +153,36 @@ def test_a_committed_transaction_is_still_committed_after_a_power_cut(tmp_path):
             assert pull_all(conn, "sink", 0).num_rows == 1
             # A sink replaying batch 7 asks first: an OPEN answer would make it write the batch twice.
             assert conn.call("BeginTxn", pb.BeginTxnRequest(txn_id="query-1/batch-7")).state == "COMMITTED"
+    finally:
+        if proc is not None:
+            proc.kill9()
+        fs.unmount()
+
+
+def test_segments_removed_by_retention_stay_removed_after_a_power_cut(tmp_path):
+    fs = LazyMount(tmp_path / "lazy").mount()
+    proc = None
+    try:
+        # Retention first runs after the sends (2 s): its removals are the last change of the directory.
+        proc = broker_on(fs, tmp_path, flush="sync", segment_bytes=4096, retention_bytes=8192,
+                         retention_check_interval_ms=2000)
+        with BrokerConnection(proc.address) as conn:
+            conn.call("CreateTopic", pb.CreateTopicRequest(topic="trail", queue_count=1))
+            for seq in range(200):
+                send_rows(conn, "trail", 0, [{"key": "k", "body": f"k:{seq}".encode() * 8}])
+            bounds = pb.QueryOffsetsRequest(topic="trail", queue_id=0)
+            assert wait_until(lambda: conn.call("QueryOffsets", bounds).min_offset > 0, 30), "retention never ran"
+            removed_up_to = conn.call("QueryOffsets", bounds).min_offset
+        fs.power_cut(proc.pid)
+        proc.kill9()
+        fs.mount()
+        proc.start()
+        with BrokerConnection(proc.address) as conn:
+            after = conn.call("QueryOffsets", pb.QueryOffsetsRequest(topic="trail", queue_id=0))
+            # Deleted segments coming back would move the queue's start back to data already removed.
+            assert after.min_offset >= removed_up_to and after.max_offset == 200
+            table = pull_all(conn, "trail", 0, offset=after.min_offset)
+            assert table.column("queue_offset").to_pylist() == list(range(after.min_offset, 200))
     finally:
         if proc is not None:
             proc.kill9()
