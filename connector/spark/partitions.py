@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -61,33 +62,49 @@ def read_partition(options: SourceOptions, partition: QueuePartition, target: pa
     """The messages of ``partition`` in queue order as record batches of ``target``."""
     conn = options.connect()
     try:
-        yield from _pull_range(conn, options, partition, target)
+        with ThreadPoolExecutor(1, thread_name_prefix="orderlymq-prefetch") as prefetch:
+            yield from _pull_range(conn, options, partition, target, prefetch)
     finally:
         conn.close()
 
 
+class _Prefetched:
+    """At most one pull issued ahead: while Spark takes a batch, the next one crosses the network."""
+
+    def __init__(self, conn: BrokerConnection, pool: ThreadPoolExecutor) -> None:
+        self._conn, self._pool = conn, pool
+        self._ahead: tuple[pb.PullRequest, Future] | None = None
+
+    def issue(self, request: pb.PullRequest) -> None:
+        self._ahead = (request, self._pool.submit(self._conn.call, "Pull", request))
+
+    def pull(self, request: pb.PullRequest) -> pb.PullResponse:
+        """The answer to ``request``: the one issued ahead when it asked the same, else a new call."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead[0] == request:
+            return ahead[1].result()
+        return self._conn.call("Pull", request)
+
+
 def _pull_range(
-    conn: BrokerConnection, options: SourceOptions, part: QueuePartition, target: pa.Schema
+    conn: BrokerConnection, options: SourceOptions, part: QueuePartition, target: pa.Schema, pool: ThreadPoolExecutor
 ) -> Iterator[pa.RecordBatch]:
     group, client_id, epoch = "", "", 0
     if part.client_id is not None:
         group, client_id, epoch = options.consumer_group or "", part.client_id, part.epoch
     tags = "" if options.tags == "*" else options.tags
+    prefetched = _Prefetched(conn, pool)
+
+    def request_at(position: int) -> pb.PullRequest:
+        return pb.PullRequest(topic=part.topic, queue_id=part.queue_id, offset=position,
+                              max_messages=min(part.end - position, PULL_MAX_MESSAGES), tag_expression=tags,
+                              group=group, client_id=client_id, epoch=epoch)
+
     offset = part.start
     stalled_since: float | None = None
     while offset < part.end:
-        request = pb.PullRequest(
-            topic=part.topic,
-            queue_id=part.queue_id,
-            offset=offset,
-            max_messages=min(part.end - offset, PULL_MAX_MESSAGES),
-            tag_expression=tags,
-            group=group,
-            client_id=client_id,
-            epoch=epoch,
-        )
         try:
-            response = conn.call("Pull", request)
+            response = prefetched.pull(request_at(offset))
         except OffsetOutOfRangeError:
             offset = _skip_lost(conn, options, part, offset)
             continue
@@ -104,6 +121,8 @@ def _pull_range(
                 "frozen or overloaded): the batch fails; restart the query once the broker serves again, or raise "
                 "option pollTimeoutMs to ride out longer stalls"
             ) from None
+        if offset < response.next_offset < part.end:
+            prefetched.issue(request_at(response.next_offset))
         table = codec.decode_many(response.batches)
         if table.num_rows:
             offsets = table.column("queue_offset")
