@@ -39,6 +39,7 @@ from broker.wire.errors import (
     BadBatchError,
     BrokerUnavailableError,
     InvalidRequestError,
+    OrderlyMQError,
     QueueOutOfRangeError,
     SendOutcomeUnknownError,
     TopicNotFoundError,
@@ -147,6 +148,7 @@ class Producer:
             max_in_flight_per_queue=max_in_flight_per_queue,
             max_buffered_messages=max_buffered_messages,
             delivery_timeout=retry_timeout,
+            on_rejected=self._forget_stale_route,
         )
 
     # -- routing -------------------------------------------------------------------------------
@@ -277,7 +279,6 @@ class Producer:
         row = _message_row(body, key, tag, properties)
         target = self._route_one(topic, row, selector, arg, queue_id, deadline)
         (future,) = self._sender.submit(topic, target, [row], single=True, urgent=False, deadline=deadline)
-        future.add_done_callback(self._route_check(topic))
         if callback is not None:
             future.add_done_callback(callback)
         return future
@@ -332,14 +333,10 @@ class Producer:
                 out[position] = result
         return out  # type: ignore[return-value]
 
-    def _route_check(self, topic: str) -> Callable[[Future], None]:
-        """A done-callback forgetting the cached route when the broker says it is stale."""
-
-        def check(future: Future) -> None:
-            if isinstance(future.exception(), TopicNotFoundError | QueueOutOfRangeError):
-                self.routes.invalidate(topic)
-
-        return check
+    def _forget_stale_route(self, topic: str, error: OrderlyMQError) -> None:
+        """Forget the cached route when the broker refused a batch because the route is stale."""
+        if isinstance(error, TopicNotFoundError | QueueOutOfRangeError):
+            self.routes.invalidate(topic)
 
     def _wait(self, future: Future, topic: str):
         # No timeout of its own: the sender answers every send by its deadline (its watchdog), and a

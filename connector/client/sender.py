@@ -32,9 +32,10 @@ import random
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import grpc
 import pyarrow as pa
@@ -57,6 +58,7 @@ log = logging.getLogger(__name__)
 
 _STATUS_BY_VALUE = {status.value[0]: status for status in grpc.StatusCode}
 _MAX_SETTLEMENTS = 10_000  # settled outcomes kept for ``settlement`` (oldest dropped)
+_WATCH_INTERVAL_S = 0.5  # the watchdog looks at the deadlines at least this often
 
 
 @dataclass(eq=False)
@@ -89,8 +91,8 @@ class _Batch:
     dropped: bool = False  # failed before it was written: never to be sent
     settled: Future | None = None  # set once reported as of unknown outcome
 
-    @property
-    def deadline(self) -> float:
+    @cached_property
+    def deadline(self) -> float:  # the watchdog asks often, the chunks never change
         return min(chunk.deadline for chunk in self.chunks)
 
 
@@ -136,8 +138,10 @@ class PipelinedSender:
         max_in_flight_per_queue: int = 4,
         max_buffered_messages: int = 100_000,
         delivery_timeout: float = 30.0,
+        on_rejected: Callable[[str, OrderlyMQError], None] = lambda topic, error: None,
     ) -> None:
         self._conn = connection
+        self._on_rejected = on_rejected  # told of every batch the broker refused, before its sends fail
         self.producer_id = producer_id
         self.linger = linger_ms / 1000
         self.max_batch_messages = max_batch_messages
@@ -179,8 +183,11 @@ class PipelinedSender:
         resolves to a ``SendResult`` (``single``) or a list of them, one per row, or fails by
         ``deadline`` (``time.monotonic()``; default: now + ``delivery_timeout``).
         """
+        default_deadline = time.monotonic() + self.delivery_timeout
+        # A deadline well before the usual one must be seen by the watchdog now (it looks every 0.5 s).
+        shortened = deadline is not None and deadline < default_deadline - _WATCH_INTERVAL_S
         if deadline is None:
-            deadline = time.monotonic() + self.delivery_timeout
+            deadline = default_deadline
         chunks = []
         if isinstance(data, list):
             chunks.append(_Chunk(None, data, Future(), single, sum(map(_row_bytes, data)), len(data), deadline))
@@ -196,8 +203,11 @@ class PipelinedSender:
                 raise OrderlyMQError("the producer is closed; create a new one to send")
             while self._buffered >= self.max_buffered and not self._closed:
                 self._cond.wait(0.1)
-            partition = self._partitions.setdefault((topic, queue_id), _Partition())
-            if not partition.pending:
+            partition = self._partitions.get((topic, queue_id))
+            if partition is None:
+                partition = self._partitions[(topic, queue_id)] = _Partition()
+            was_empty = not partition.pending
+            if was_empty:
                 partition.oldest = time.monotonic()
             for chunk in chunks:
                 partition.pending.append(chunk)
@@ -206,7 +216,11 @@ class PipelinedSender:
                 self._buffered += chunk.num_rows
             partition.urgent = partition.urgent or urgent
             self._outstanding += len(chunks)
-            self._cond.notify_all()
+            # Wake the threads only when this changes what they wait for: a queue to linger on, a
+            # batch due now, or an earlier deadline. A wake-up per message would make the caller and
+            # the dispatcher trade the GIL for every send.
+            if was_empty or urgent or shortened or self._full(partition):
+                self._cond.notify_all()
         return [c.future for c in chunks]
 
     def flush(self, timeout: float | None = None) -> bool:
@@ -252,13 +266,15 @@ class PipelinedSender:
 
     # -- dispatching ---------------------------------------------------------------------------
 
+    def _full(self, partition: _Partition) -> bool:
+        return partition.pending_rows >= self.max_batch_messages or partition.pending_bytes >= self.max_batch_bytes
+
     def _due(self, partition: _Partition, now: float) -> bool:
         return (
             partition.urgent
             or self._flushing > 0
             or self._closed
-            or partition.pending_rows >= self.max_batch_messages
-            or partition.pending_bytes >= self.max_batch_bytes
+            or self._full(partition)
             or now >= partition.oldest + self.linger
         )
 
@@ -420,6 +436,7 @@ class PipelinedSender:
                 batch.settled.set_result((response.base_offset, response.store_timestamp, response.duplicate))
             return
         if error is not None:
+            self._on_rejected(batch.topic, error)
             for chunk in batch.chunks:
                 chunk.future.set_exception(error)
         else:
@@ -451,7 +468,7 @@ class PipelinedSender:
                 deadline = self._next_deadline()
                 now = time.monotonic()
                 if deadline is None or now < deadline:
-                    self._cond.wait(0.5 if deadline is None else min(deadline - now, 0.5))
+                    self._cond.wait(_WATCH_INTERVAL_S if deadline is None else min(deadline - now, _WATCH_INTERVAL_S))
                     continue
                 call = self._call
             log.warning("no answer from broker %s within %gs: failing the waiting sends",

@@ -159,6 +159,17 @@ def test_a_stale_route_is_refreshed_after_the_broker_refuses_it(broker, admin, p
     assert producer.send(topic_name, b"d", key="k").queue_id == queue_for_key("k", 2)
 
 
+def test_a_stale_route_is_refreshed_after_the_broker_refuses_an_async_send(broker, admin, producer, topic_name):
+    admin.create_topic(topic_name, 4)
+    assert producer.send_async(topic_name, b"a", queue_id=3).result().queue_id == 3
+    admin.delete_topic(topic_name)
+    admin.create_topic(topic_name, 2)
+    with pytest.raises(QueueOutOfRangeError):
+        producer.send_async(topic_name, b"b", queue_id=3).result()  # the broker refuses the stale route
+    with pytest.raises(QueueOutOfRangeError, match="queues 0..1"):
+        producer.send_async(topic_name, b"c", queue_id=3)  # refreshed before the future failed
+
+
 def test_unknown_broker_address_fails_with_the_address():
     with Producer("127.0.0.1:1", retry_timeout=0.5) as producer:
         with pytest.raises(BrokerUnavailableError, match="127.0.0.1:1"):
