@@ -115,6 +115,12 @@ class OffsetStore:
         with self._mutex:
             return {q: o for q, (o, _) in sorted(self._offsets.get(group, {}).get(topic, {}).items())}
 
+    def group_positions(self, group: str) -> list[tuple[str, int, int, str]]:
+        """``(topic, queue id, offset, committing client id)`` of every commit of ``group``, sorted."""
+        with self._mutex:
+            topics = self._offsets.get(group, {})
+            return sorted((t, q, o, c) for t, queues in topics.items() for q, (o, c) in queues.items())
+
     def groups(self) -> list[str]:
         """Every group with at least one committed offset, sorted."""
         with self._mutex:

@@ -253,6 +253,32 @@ class BrokerService:
     def Health(self, request):
         return pb.HealthResponse(status="SERVING", broker_name=self.config.broker_name, version=broker.__version__)
 
+    # -- read-only views (consoles) -------------------------------------------------------------
+
+    def ListGroups(self, request):
+        holders = defaultdict(list)
+        for group, info in self.locks.all_holders():
+            holders[group].append(pb.QueueLock(topic=info.topic, queue_id=info.queue_id, epoch=info.epoch,
+                                               client_id=info.client_id, expires_at_ms=info.expires_at_ms))
+        names = sorted({*self.offsets.groups(), *self.members.groups(), *holders})
+        return pb.ListGroupsResponse(groups=[
+            pb.GroupInfo(
+                group=group,
+                offsets=[pb.GroupOffset(topic=t, queue_id=q, offset=o, committed_by=c)
+                         for t, q, o, c in self.offsets.group_positions(group)],
+                consumers=self.members.consumers(group),
+                locks=holders[group],
+            )
+            for group in names
+        ])
+
+    def ListTransactions(self, request):
+        return pb.ListTransactionsResponse(transactions=[
+            pb.OpenTransaction(txn_id=tid, state=state, last_activity_ms=active, expires_at_ms=expires,
+                               staged_bytes=staged)
+            for tid, state, active, expires, staged in self.txns.open_transactions()
+        ])
+
     # -- housekeeping --------------------------------------------------------------------------
 
     def housekeeping(self, stop: threading.Event) -> None:

@@ -303,6 +303,21 @@ class TransactionManager:
         with self._mutex:
             return len(self._activity)
 
+    def open_transactions(self) -> list[tuple[str, str, int, int, int]]:
+        """``(id, state, last activity ms, expiry ms, staged bytes)`` of every transaction not yet
+        finished (OPEN, or COMMITTING after a crash; expiry 0), oldest activity first."""
+        with self._mutex:
+            live = [
+                (tid, rec["state"], self._activity.get(tid, rec["updated_ms"]), rec["timeout_ms"])
+                for tid, rec in self._txns.items()
+                if rec["state"] in (OPEN, COMMITTING)
+            ]
+        out = []
+        for tid, state, active_ms, timeout_ms in sorted(live, key=lambda t: (t[2], t[0])):
+            expires_ms = active_ms + timeout_ms if state == OPEN else 0
+            out.append((tid, state, active_ms, expires_ms, self._staged_size(tid)))
+        return out
+
     def committing(self) -> list[str]:
         """Ids left COMMITTING (by a crash between prepare and mark), oldest first."""
         with self._mutex:
@@ -373,6 +388,12 @@ class TransactionManager:
 
     def _stripe(self, txn_id: str) -> threading.Lock:
         return self._stripes[hash(txn_id) % _STRIPES]
+
+    def _staged_size(self, txn_id: str) -> int:
+        try:
+            return self._staged_path(txn_id).stat().st_size
+        except FileNotFoundError:  # nothing staged yet, or finished meanwhile
+            return 0
 
     def _staged_path(self, txn_id: str) -> Path:
         # Ids are arbitrary producer strings: hash them into a safe, fixed-length file name.

@@ -347,3 +347,61 @@ class HealthResponse(_message.Message):
     broker_name: str
     version: str
     def __init__(self, status: _Optional[str] = ..., broker_name: _Optional[str] = ..., version: _Optional[str] = ...) -> None: ...
+
+class ListGroupsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GroupOffset(_message.Message):
+    __slots__ = ("topic", "queue_id", "offset", "committed_by")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_BY_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    queue_id: int
+    offset: int
+    committed_by: str
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., offset: _Optional[int] = ..., committed_by: _Optional[str] = ...) -> None: ...
+
+class GroupInfo(_message.Message):
+    __slots__ = ("group", "offsets", "consumers", "locks")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    CONSUMERS_FIELD_NUMBER: _ClassVar[int]
+    LOCKS_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    offsets: _containers.RepeatedCompositeFieldContainer[GroupOffset]
+    consumers: _containers.RepeatedScalarFieldContainer[str]
+    locks: _containers.RepeatedCompositeFieldContainer[QueueLock]
+    def __init__(self, group: _Optional[str] = ..., offsets: _Optional[_Iterable[_Union[GroupOffset, _Mapping]]] = ..., consumers: _Optional[_Iterable[str]] = ..., locks: _Optional[_Iterable[_Union[QueueLock, _Mapping]]] = ...) -> None: ...
+
+class ListGroupsResponse(_message.Message):
+    __slots__ = ("groups",)
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    groups: _containers.RepeatedCompositeFieldContainer[GroupInfo]
+    def __init__(self, groups: _Optional[_Iterable[_Union[GroupInfo, _Mapping]]] = ...) -> None: ...
+
+class ListTransactionsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class OpenTransaction(_message.Message):
+    __slots__ = ("txn_id", "state", "last_activity_ms", "expires_at_ms", "staged_bytes")
+    TXN_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    LAST_ACTIVITY_MS_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    STAGED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    txn_id: str
+    state: str
+    last_activity_ms: int
+    expires_at_ms: int
+    staged_bytes: int
+    def __init__(self, txn_id: _Optional[str] = ..., state: _Optional[str] = ..., last_activity_ms: _Optional[int] = ..., expires_at_ms: _Optional[int] = ..., staged_bytes: _Optional[int] = ...) -> None: ...
+
+class ListTransactionsResponse(_message.Message):
+    __slots__ = ("transactions",)
+    TRANSACTIONS_FIELD_NUMBER: _ClassVar[int]
+    transactions: _containers.RepeatedCompositeFieldContainer[OpenTransaction]
+    def __init__(self, transactions: _Optional[_Iterable[_Union[OpenTransaction, _Mapping]]] = ...) -> None: ...

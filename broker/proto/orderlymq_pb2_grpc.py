@@ -139,6 +139,16 @@ class OrderlyMQStub:
                 request_serializer=broker_dot_proto_dot_orderlymq__pb2.HealthRequest.SerializeToString,
                 response_deserializer=broker_dot_proto_dot_orderlymq__pb2.HealthResponse.FromString,
                 _registered_method=True)
+        self.ListGroups = channel.unary_unary(
+                '/orderlymq.v1.OrderlyMQ/ListGroups',
+                request_serializer=broker_dot_proto_dot_orderlymq__pb2.ListGroupsRequest.SerializeToString,
+                response_deserializer=broker_dot_proto_dot_orderlymq__pb2.ListGroupsResponse.FromString,
+                _registered_method=True)
+        self.ListTransactions = channel.unary_unary(
+                '/orderlymq.v1.OrderlyMQ/ListTransactions',
+                request_serializer=broker_dot_proto_dot_orderlymq__pb2.ListTransactionsRequest.SerializeToString,
+                response_deserializer=broker_dot_proto_dot_orderlymq__pb2.ListTransactionsResponse.FromString,
+                _registered_method=True)
 
 
 class OrderlyMQServicer:
@@ -280,6 +290,19 @@ class OrderlyMQServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListGroups(self, request, context):
+        """Read-only views of the whole broker for consoles (orderlymq console); they change nothing.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListTransactions(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_OrderlyMQServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -387,6 +410,16 @@ def add_OrderlyMQServicer_to_server(servicer, server):
                     servicer.Health,
                     request_deserializer=broker_dot_proto_dot_orderlymq__pb2.HealthRequest.FromString,
                     response_serializer=broker_dot_proto_dot_orderlymq__pb2.HealthResponse.SerializeToString,
+            ),
+            'ListGroups': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListGroups,
+                    request_deserializer=broker_dot_proto_dot_orderlymq__pb2.ListGroupsRequest.FromString,
+                    response_serializer=broker_dot_proto_dot_orderlymq__pb2.ListGroupsResponse.SerializeToString,
+            ),
+            'ListTransactions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTransactions,
+                    request_deserializer=broker_dot_proto_dot_orderlymq__pb2.ListTransactionsRequest.FromString,
+                    response_serializer=broker_dot_proto_dot_orderlymq__pb2.ListTransactionsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -956,6 +989,60 @@ class OrderlyMQ:
             '/orderlymq.v1.OrderlyMQ/Health',
             broker_dot_proto_dot_orderlymq__pb2.HealthRequest.SerializeToString,
             broker_dot_proto_dot_orderlymq__pb2.HealthResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListGroups(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/orderlymq.v1.OrderlyMQ/ListGroups',
+            broker_dot_proto_dot_orderlymq__pb2.ListGroupsRequest.SerializeToString,
+            broker_dot_proto_dot_orderlymq__pb2.ListGroupsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTransactions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/orderlymq.v1.OrderlyMQ/ListTransactions',
+            broker_dot_proto_dot_orderlymq__pb2.ListTransactionsRequest.SerializeToString,
+            broker_dot_proto_dot_orderlymq__pb2.ListTransactionsResponse.FromString,
             options,
             channel_credentials,
             insecure,

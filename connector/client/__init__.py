@@ -2,7 +2,7 @@
 
 - ``Producer``: send with queue selectors (hash of the sharding key by default), pipelined and
   idempotent, per-queue order kept through retries; ``producer.transaction()``.
-- ``Admin``: topics, consumer progress and lag, lock holders.
+- ``Admin``: topics, consumer progress and lag, lock holders, every group and open transaction.
 - ``PullConsumer``: pull a queue from an offset, seek, commit, lock with a fencing epoch.
 - ``OrderlyConsumer``: ``MessageListenerOrderly`` (clustering or broadcasting).
 - ``ConcurrentConsumer``: ``MessageListenerConcurrently`` with a retry topic.
@@ -10,7 +10,16 @@
 Every error is an ``connector.errors.OrderlyMQError``.
 """
 
-from connector.client.admin import Admin, LockHolder, QueueProgress, QueueStatus, TopicInfo
+from connector.client.admin import (
+    Admin,
+    GroupOffset,
+    GroupState,
+    LockHolder,
+    OpenTransaction,
+    QueueProgress,
+    QueueStatus,
+    TopicInfo,
+)
 from connector.client.concurrent_consumer import ConcurrentConsumer
 from connector.client.listener import (
     ConsumeConcurrentlyContext,
@@ -36,9 +45,12 @@ __all__ = [
     "ConsumeConcurrentlyStatus",
     "ConsumeOrderlyContext",
     "ConsumeOrderlyStatus",
+    "GroupOffset",
+    "GroupState",
     "LockHolder",
     "Message",
     "MessageQueue",
+    "OpenTransaction",
     "OrderlyConsumer",
     "Producer",
     "PullConsumer",

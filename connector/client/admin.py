@@ -1,4 +1,5 @@
-"""Administration: topics, consumer progress (committed offsets and lag), lock holders, members.
+"""Administration: topics, consumer progress (committed offsets and lag), lock holders, members,
+and read-only views of every group and open transaction (what ``orderlymq console`` shows).
 
 The Python side of RocketMQ's ``mqadmin`` (``updateTopic``, ``topicList``, ``topicStatus``,
 ``deleteTopic``, ``consumerProgress``); the ``orderlymq`` command line is built on it.
@@ -10,7 +11,8 @@ from dataclasses import dataclass
 
 from connector.client.connection import BrokerConnection, pb
 
-__all__ = ["Admin", "LockHolder", "QueueProgress", "QueueStatus", "TopicInfo"]
+__all__ = ["Admin", "GroupOffset", "GroupState", "LockHolder", "OpenTransaction", "QueueProgress", "QueueStatus",
+           "TopicInfo"]
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,47 @@ class LockHolder:
     client_id: str
     epoch: int
     expires_at_ms: int
+
+
+@dataclass(frozen=True)
+class GroupOffset:
+    """A group's committed offset of one queue (the next to consume) and who committed it."""
+
+    topic: str
+    queue_id: int
+    offset: int
+    committed_by: str
+
+
+@dataclass(frozen=True)
+class GroupState:
+    """A consumer group as the broker knows it: committed offsets, live members, queue locks."""
+
+    name: str
+    offsets: tuple[GroupOffset, ...]
+    consumers: tuple[str, ...]
+    locks: tuple[LockHolder, ...]
+
+    @classmethod
+    def from_protocol(cls, info: pb.GroupInfo) -> GroupState:
+        return cls(
+            info.group,
+            tuple(GroupOffset(o.topic, o.queue_id, o.offset, o.committed_by) for o in info.offsets),
+            tuple(info.consumers),
+            tuple(LockHolder(lk.topic, lk.queue_id, lk.client_id, lk.epoch, lk.expires_at_ms) for lk in info.locks),
+        )
+
+
+@dataclass(frozen=True)
+class OpenTransaction:
+    """A transaction begun and not yet finished; an OPEN one is aborted at ``expires_at_ms``
+    unless it sees activity (0 for one left COMMITTING, which the broker finishes on start)."""
+
+    txn_id: str
+    state: str
+    last_activity_ms: int
+    expires_at_ms: int
+    staged_bytes: int
 
 
 class Admin:
@@ -164,6 +207,18 @@ class Admin:
     def consumers(self, group: str) -> list[str]:
         """The live members of a consumer group (sorted client ids)."""
         return list(self._call("ListConsumers", pb.ListConsumersRequest(group=group)).client_ids)
+
+    def groups(self) -> list[GroupState]:
+        """Every group with a committed offset, a live member or a queue lock, sorted by name."""
+        return [GroupState.from_protocol(g) for g in self._call("ListGroups", pb.ListGroupsRequest()).groups]
+
+    def open_transactions(self) -> list[OpenTransaction]:
+        """Transactions not yet committed or aborted, oldest activity first."""
+        response = self._call("ListTransactions", pb.ListTransactionsRequest())
+        return [
+            OpenTransaction(t.txn_id, t.state, t.last_activity_ms, t.expires_at_ms, t.staged_bytes)
+            for t in response.transactions
+        ]
 
     def health(self) -> dict[str, str]:
         """The broker's status, name and version."""
