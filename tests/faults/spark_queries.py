@@ -1,13 +1,34 @@
 """Streaming queries of the Spark fault scenarios: ``orderlymq`` topic -> ``orderlymq`` topic,
-exactly once, keyed by the same sharding key, in the test's own SparkSession."""
+exactly once, keyed by the same sharding key, in the test's own SparkSession; the keyed producers
+that feed them and the check that the output caught up."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from connector.client import Admin
 from connector.client.connection import BrokerConnection, pb
+from connector.history import History
+from tests.faults.fault_profile import PROFILE
+from tests.faults.workload import KeyedProducer, stored_deliveries
 
-__all__ = ["copy_query", "visible"]
+__all__ = ["all_acked_copied", "copy_query", "keyed_producers", "visible"]
+
+
+def keyed_producers(address: str, source: str, sink: str, queues: int, history: History) -> list[KeyedProducer]:
+    """Create ``source`` and ``sink`` with ``queues`` queues; the (not started) producers of the
+    fault profile, each with its own keys, sending to ``source`` and recording in ``history``."""
+    with Admin(address) as admin:
+        admin.create_topic(source, queues)
+        admin.create_topic(sink, queues)
+    return [KeyedProducer(address, source, [f"p{p}-k{k}" for k in range(PROFILE.keys_per_producer)], history,
+                          rate=PROFILE.send_rate) for p in range(PROFILE.producers)]
+
+
+def all_acked_copied(conn: BrokerConnection, sink: str, history: History) -> bool:
+    """Whether ``sink`` holds every acknowledged send of ``history``."""
+    acked = history.acked()
+    return visible(conn, sink) >= len(acked) and acked <= {(d.key, d.seq) for d in stored_deliveries(conn, sink)}
 
 
 def copy_query(spark, address: str, source: str, sink: str, group: str, checkpoint: Path, *, trigger: dict,

@@ -10,12 +10,11 @@ import time
 
 import pytest
 
-from connector.client import Admin
 from connector.client.connection import BrokerConnection
 from connector.history import History, check
 from tests.faults.fault_profile import PROFILE
-from tests.faults.spark_queries import copy_query, visible
-from tests.faults.workload import KeyedProducer, stored_deliveries
+from tests.faults.spark_queries import all_acked_copied, copy_query, keyed_producers, visible
+from tests.faults.workload import stored_deliveries
 from tests.spark.helpers import committed
 from tests.support import wait_until
 
@@ -23,19 +22,11 @@ SOURCE, SINK, GROUP, QUEUES = "payments", "payments-copy", "copier", 4
 pytestmark = pytest.mark.spark
 
 
-def all_acked_copied(conn: BrokerConnection, history: History) -> bool:
-    acked = history.acked()
-    return visible(conn, SINK) >= len(acked) and acked <= {(d.key, d.seq) for d in stored_deliveries(conn, SINK)}
-
 
 def test_exactly_once_query_rides_out_broker_restarts(spark, broker_proc, fault_report, tmp_path):
     proc = broker_proc(flush="sync")
-    with Admin(proc.address) as admin:
-        admin.create_topic(SOURCE, QUEUES)
-        admin.create_topic(SINK, QUEUES)
     history = History()
-    producers = [KeyedProducer(proc.address, SOURCE, [f"p{p}-k{k}" for k in range(PROFILE.keys_per_producer)],
-                               history, rate=PROFILE.send_rate) for p in range(PROFILE.producers)]
+    producers = keyed_producers(proc.address, SOURCE, SINK, QUEUES, history)
     conn = BrokerConnection(proc.address, retry_timeout=60)
     query = copy_query(spark, proc.address, SOURCE, SINK, GROUP, tmp_path / "checkpoint",
                        trigger={"processingTime": "200 milliseconds"}, startingOffsets="earliest",
@@ -58,7 +49,7 @@ def test_exactly_once_query_rides_out_broker_restarts(spark, broker_proc, fault_
             producer.stop.set()
         for producer in producers:
             producer.join()
-        caught_up = wait_until(lambda: all_acked_copied(conn, history) or query.exception(), 300, interval=1.0)
+        caught_up = wait_until(lambda: all_acked_copied(conn, SINK, history) or query.exception(), 300, interval=1.0)
     finally:
         for producer in producers:
             producer.stop.set()

@@ -12,12 +12,11 @@ import time
 
 import pytest
 
-from connector.client import Admin
 from connector.client.connection import BrokerConnection
 from connector.history import History, check
 from tests.faults.fault_profile import PROFILE
-from tests.faults.spark_queries import copy_query, visible
-from tests.faults.workload import KeyedProducer, stored_deliveries
+from tests.faults.spark_queries import all_acked_copied, copy_query, keyed_producers, visible
+from tests.faults.workload import stored_deliveries
 from tests.spark.helpers import committed
 from tests.support import wait_until
 
@@ -25,10 +24,6 @@ SOURCE, SINK, GROUP, QUEUES = "orders", "orders-billed", "billing", 4
 HANDOVERS = max(3, PROFILE.broker_cycles // 2)
 pytestmark = pytest.mark.spark
 
-
-def all_acked_copied(conn: BrokerConnection, history: History) -> bool:
-    acked = history.acked()
-    return visible(conn, SINK) >= len(acked) and acked <= {(d.key, d.seq) for d in stored_deliveries(conn, SINK)}
 
 
 def start(spark, address, checkpoint, **options):
@@ -39,12 +34,8 @@ def start(spark, address, checkpoint, **options):
 def test_handover_between_two_queries_of_a_group_neither_loses_nor_duplicates(spark, broker_proc, fault_report,
                                                                               tmp_path):
     proc = broker_proc(flush="sync")
-    with Admin(proc.address) as admin:
-        admin.create_topic(SOURCE, QUEUES)
-        admin.create_topic(SINK, QUEUES)
     history = History()
-    producers = [KeyedProducer(proc.address, SOURCE, [f"p{p}-k{k}" for k in range(PROFILE.keys_per_producer)],
-                               history, rate=PROFILE.send_rate) for p in range(PROFILE.producers)]
+    producers = keyed_producers(proc.address, SOURCE, SINK, QUEUES, history)
     conn = BrokerConnection(proc.address, retry_timeout=60)
     checkpoints = [tmp_path / "q1", tmp_path / "q2"]
     handover_s: list[float] = []
@@ -84,7 +75,7 @@ def test_handover_between_two_queries_of_a_group_neither_loses_nor_duplicates(sp
             producer.join()
         last = start(spark, proc.address, checkpoints[(HANDOVERS + 1) % 2], groupOffsetConflict="group")
         try:
-            caught_up = wait_until(lambda: all_acked_copied(conn, history) or last.exception(), 300, interval=1.0)
+            caught_up = wait_until(lambda: all_acked_copied(conn, SINK, history) or last.exception(), 300, interval=1.0)
         finally:
             last.stop()
         assert last.exception() is None, str(last.exception())[:3000]

@@ -9,17 +9,7 @@ from broker.wire.errors import FencedError
 from connector.client import locking
 from connector.client.connection import BrokerConnection, pb
 from connector.spark.locks import LockKeeper
-from tests.faults.brokers import broker_process
 from tests.spark.helpers import create_topic, keyed_events, produce
-
-
-@pytest.fixture
-def restartable(tmp_path):
-    proc = broker_process(tmp_path / "broker").start()
-    conn = BrokerConnection(proc.address, retry_timeout=30)
-    yield proc, conn
-    conn.close()
-    proc.kill9()
 
 
 def commit(conn, client_id, epoch, offset, topic, group="g"):

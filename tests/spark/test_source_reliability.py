@@ -17,7 +17,6 @@ import pytest
 from connector.client import locking
 from connector.client.connection import BrokerConnection, pb
 from connector.spark.diagnostics import failure_reasons
-from tests.faults.brokers import broker_process
 from tests.spark.helpers import (
     Collector,
     assert_delivered,
@@ -34,16 +33,6 @@ from tests.spark.helpers import (
 from tests.support import wait_until
 
 pytestmark = pytest.mark.spark
-
-
-@pytest.fixture
-def restartable(tmp_path):
-    """A broker subprocess (default lease) that a test can kill -9 and start again on its port."""
-    proc = broker_process(tmp_path / "broker").start()
-    conn = BrokerConnection(proc.address, retry_timeout=30)
-    yield proc, conn
-    conn.close()
-    proc.kill9()
 
 
 def held_locks(conn, group, topic) -> dict[int, pb.QueueLock]:
