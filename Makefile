@@ -9,7 +9,7 @@ export SPARK_LOCAL_IP ?= 127.0.0.1
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: demo test faults fuse bench proto constraints lint clean
+.PHONY: demo test faults fuse browser bench proto constraints lint clean
 
 # The power-loss scenarios (tests/faults/test_power_loss.py) mount a FUSE file system: Debian's fuse3
 # (fusermount3) and libfuse3, installed once when missing.
@@ -31,7 +31,15 @@ fuse:  ## Debian's fuse3 and libfuse3 for the power-loss tests (nothing to do wh
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq fuse3 libfuse3-3 >/dev/null; \
 	fi
 
-test: $(STAMP) fuse  ## the whole test suite (what CI runs)
+# The console tests (tests/console) drive Debian's headless chromium through chromium-driver.
+browser:  ## Debian's chromium and chromium-driver for the console tests (nothing to do when present)
+	@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then \
+		echo "installing Debian's chromium and chromium-driver (headless browser for the console tests)"; \
+		$(SUDO) apt-get update -qq >/dev/null && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium chromium-driver >/dev/null; \
+	fi
+
+test: $(STAMP) fuse browser  ## the whole test suite (what CI runs)
 	$(PY) -m pytest $(ARGS)
 
 faults: $(STAMP) fuse  ## the long versions of the fault scenarios

@@ -16,7 +16,7 @@ setup(
     "with a PySpark Structured Streaming source and sink",
     python_requires=">=3.10",
     packages=find_packages(include=["broker", "broker.*", "connector", "connector.*", "pyspark_orderlymq"]),
-    package_data={"broker.proto": ["*.proto", "*.pyi"]},
+    package_data={"broker.proto": ["*.proto", "*.pyi"], "connector.console": ["assets/*"]},
     install_requires=[
         "grpcio>=1.85.1,<2",  # the generated stubs need at least the grpcio that generated them
         "protobuf>=7.35.1,<8",  # likewise for the protobuf runtime (same major version)
@@ -41,6 +41,7 @@ setup(
             "matplotlib>=3.8",
             "ruff>=0.6",
             "mfusepy>=3.1.1,<4",  # the power-loss file system (tests/faults/lazyfs.py), on Debian's libfuse3
+            "selenium>=4.30,<5",  # drives Debian's chromium + chromium-driver in the console tests (make browser)
         ],
     },
     entry_points={

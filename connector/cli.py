@@ -8,6 +8,7 @@
     orderlymq tail TOPIC [--queue Q] [--from earliest|latest] [--max N] [--follow]
     orderlymq progress GROUP TOPIC        committed offsets and lag per queue
     orderlymq locks GROUP TOPIC           current queue lock holders
+    orderlymq console [--host H] [--port N]   a read-only web console (default 127.0.0.1:8080)
 
 The broker address defaults to ``$ORDERLYMQ_BROKERS``, else ``127.0.0.1:9876``. An error prints one
 line to stderr and exits with status 1.
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
 from collections.abc import Sequence
 from datetime import datetime
 
@@ -25,7 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 from connector.client import Admin, Producer, PullConsumer
-from connector.errors import OrderlyMQError
+from connector.errors import InvalidOptionError, OrderlyMQError
 
 __all__ = ["DEFAULT_BROKERS", "main"]
 
@@ -87,6 +89,12 @@ def _parser() -> argparse.ArgumentParser:
     locks = commands.add_parser("locks", help="current queue lock holders of a group")
     locks.add_argument("group")
     locks.add_argument("topic")
+
+    console = commands.add_parser("console", help="serve a read-only web console of the broker (Ctrl-C stops)")
+    console.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s: "
+                         "the console has no login, so widen it only behind your own access control)")
+    console.add_argument("--port", type=int, default=8080, help="HTTP port (default %(default)s; 0: a free one)")
+    console.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (default %(default)s)")
     return parser
 
 
@@ -173,7 +181,22 @@ def _locks(args, console: Console) -> None:
         console.print("no queue is locked", markup=False)
 
 
-_COMMANDS = {"topic": _topic, "send": _send, "tail": _tail, "progress": _progress, "locks": _locks}
+def _console(args, console: Console) -> None:
+    from connector.console import ConsoleServer  # the web console is only loaded when asked for
+
+    if args.interval <= 0:
+        raise InvalidOptionError(f"--interval must be more than 0 seconds, got {args.interval:g}")
+    try:
+        server = ConsoleServer(args.brokers, host=args.host, port=args.port, interval=args.interval)
+    except OSError as exc:
+        raise InvalidOptionError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from exc
+    with server:
+        console.print(f"orderlymq console of {args.brokers} at {server.url} (read-only; Ctrl-C stops)", markup=False)
+        threading.Event().wait()
+
+
+_COMMANDS = {"topic": _topic, "send": _send, "tail": _tail, "progress": _progress, "locks": _locks,
+             "console": _console}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
