@@ -85,3 +85,31 @@ def test_every_exposed_family_is_documented(broker_factory, topic_name):
     names = {f.name for f in text_string_to_metric_families(text) if f.name.startswith("orderlymq_")}
     documented = {n.removesuffix("_total") for n in METRICS}
     assert names and names <= documented, names - documented
+
+
+def test_counters_and_lag_agree_with_n_sent_through_the_producer_and_m_pulled(broker_factory, topic_name):
+    from connector.client import Admin, Producer, PullConsumer
+
+    sent, pull_size = 300, 40  # keyed over three queues; each queue pulled once, short of its end
+    broker = broker_factory(metrics_port=0)
+    with Producer(broker.address, retry_timeout=10.0) as producer, \
+            PullConsumer(broker.address, group="g") as consumer:
+        with Admin(broker.address) as admin:
+            admin.create_topic(topic_name, 3)
+        results = [f.result(timeout=30) for f in
+                   [producer.send_async(topic_name, b"m%d" % i, key=f"order-{i % 17}") for i in range(sent)]]
+        stored = {q: sum(1 for r in results if r.queue_id == q) for q in range(3)}
+        pulled = {q: len(consumer.pull(topic_name, q, 0, max_messages=pull_size)) for q in range(3)}
+        for q, count in pulled.items():
+            consumer.commit(topic_name, q, count)
+    s = scrape(broker.metrics_port)
+    assert sum(stored.values()) == sent and all(count > pull_size for count in stored.values())
+    for q in range(3):
+        labels = {"topic": topic_name, "queue": str(q)}
+        assert value(s, "orderlymq_messages_in_total", **labels) == stored[q]
+        assert value(s, "orderlymq_queue_max_offset", **labels) == stored[q]
+        assert value(s, "orderlymq_messages_out_total", **labels) == pulled[q] == pull_size
+        assert value(s, "orderlymq_group_committed_offset", group="g", **labels) == pull_size
+        assert value(s, "orderlymq_group_lag_messages", group="g", **labels) == stored[q] - pull_size
+    assert value(s, "orderlymq_rpc_duration_seconds_count", method="Pull") == 3
+    assert value(s, "orderlymq_rpc_duration_seconds_count", method="CommitOffset") == 3
