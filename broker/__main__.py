@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 
 from broker.config import BrokerConfig
+from broker.logs import LOG_FORMATS, configure_logging
 from broker.wire.errors import OrderlyMQError
 
 
@@ -24,6 +25,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port (-1: none)")
     parser.add_argument("--port-file", type=Path, help="write the bound port here once serving (for scripts)")
     parser.add_argument("--log-level", help="DEBUG, INFO, WARNING, ...")
+    parser.add_argument("--log-format", choices=LOG_FORMATS, help="text (default) or json: one JSON object per line")
     return parser.parse_args(argv)
 
 
@@ -31,7 +33,7 @@ def load_config(args: argparse.Namespace) -> BrokerConfig:
     config = BrokerConfig.from_toml(args.config) if args.config else BrokerConfig()
     return config.with_overrides(
         host=args.host, port=args.port, data_dir=args.data_dir, flush=args.flush, log_level=args.log_level,
-        metrics_port=args.metrics_port,
+        log_format=args.log_format, metrics_port=args.metrics_port,
     )
 
 
@@ -49,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     except (OrderlyMQError, OSError) as exc:
         print(f"orderlymq-broker: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(config.log_level, config.log_format)
     _raise_open_file_limit()
     from broker.server import start_broker
 

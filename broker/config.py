@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from broker.logs import LOG_FORMATS
 from broker.wire.errors import InvalidOptionError
 
 try:
@@ -76,6 +77,9 @@ class BrokerConfig:
         server's event loop, so any number of them leaves these threads to the others.
     log_level : str
         One of CRITICAL, ERROR, WARNING, INFO, DEBUG (any case).
+    log_format : {"text", "json"}
+        ``text``: one readable line per record; ``json``: one JSON object per line with ``time``,
+        ``level``, ``logger``, ``message`` and ``exception`` (see ``broker.logs``).
     """
 
     host: str = "127.0.0.1"
@@ -99,6 +103,7 @@ class BrokerConfig:
     workers: int = 64
     metrics_port: int = -1
     log_level: str = "INFO"
+    log_format: str = "text"
 
     def __post_init__(self) -> None:
         if isinstance(self.data_dir, os.PathLike):
@@ -118,6 +123,8 @@ class BrokerConfig:
             raise InvalidOptionError(f"flush must be 'sync' or 'async', got {self.flush!r}")
         if self.log_level not in _LOG_LEVELS:
             raise InvalidOptionError(f"log_level must be one of {', '.join(_LOG_LEVELS)}, got {self.log_level!r}")
+        if self.log_format not in LOG_FORMATS:
+            raise InvalidOptionError(f"log_format must be one of {', '.join(LOG_FORMATS)}, got {self.log_format!r}")
 
     @property
     def data_path(self) -> Path:
