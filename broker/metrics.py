@@ -8,7 +8,7 @@ Two kinds, on one registry per broker (so several brokers in one process never m
   stored bytes, each consumer group's committed offset and lag per queue, queue lock holders with
   their epoch and remaining lease, consumers per group, open transactions.
 
-Every name is listed in ``METRICS`` (documented in docs/operations.md). ``serve`` exposes the
+Every name is listed in ``METRICS`` (documented in docs/observability.md). ``serve`` exposes the
 registry over HTTP at ``/metrics``.
 """
 

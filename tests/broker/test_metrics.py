@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import urllib.request
+from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -113,3 +114,8 @@ def test_counters_and_lag_agree_with_n_sent_through_the_producer_and_m_pulled(br
         assert value(s, "orderlymq_group_lag_messages", group="g", **labels) == stored[q] - pull_size
     assert value(s, "orderlymq_rpc_duration_seconds_count", method="Pull") == 3
     assert value(s, "orderlymq_rpc_duration_seconds_count", method="CommitOffset") == 3
+
+
+def test_every_metric_is_in_the_observability_doc():
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "observability.md").read_text()
+    assert [name for name in METRICS if f"`{name}`" not in doc] == []

@@ -35,18 +35,20 @@ def group_lag(admin: Admin, topic: str) -> int:
     return sum(row.lag for row in admin.consumer_progress(GROUP, topic))
 
 
-def send_keyed(broker_address: str, topic: str, count: int) -> None:
-    with Producer(broker_address, retry_timeout=10.0) as producer:
-        for f in [producer.send_async(topic, f"{i}".encode(), key=f"order-{i % 7}") for i in range(count)]:
-            f.result(timeout=30)
+def send_keyed(producer: Producer, topic: str, count: int) -> None:
+    for f in [producer.send_async(topic, f"{i}".encode(), key=f"order-{i % 7}") for i in range(count)]:
+        f.result(timeout=30)
 
 
 def test_console_shows_topic_and_follows_the_lag_of_a_group_catching_up(
     broker, console_of, chromium, topic_name, tmp_path
 ):
-    with Admin(broker.address) as admin, PullConsumer(broker.address, group=GROUP) as consumer:
+    with Admin(broker.address) as admin, PullConsumer(broker.address, group=GROUP) as consumer, \
+            Producer(broker.address, retry_timeout=10.0) as producer:
         admin.create_topic(topic_name, 2)
-        send_keyed(broker.address, topic_name, 60)
+        send_keyed(producer, topic_name, 60)
+        export = producer.transaction("nightly-export").begin()
+        export.send(topic_name, b"staged", key="order-1")
         ends = {s.queue_id: s.max_offset for s in admin.topic_status(topic_name)}
         for queue_id in ends:
             consumer.lock(topic_name, queue_id)
@@ -57,6 +59,7 @@ def test_console_shows_topic_and_follows_the_lag_of_a_group_catching_up(
         wait_for_text(chromium, lag_css, str(group_lag(admin, topic_name)))
         assert chromium.find_elements(By.CSS_SELECTOR, f'#topics tr[data-topic="{topic_name}"]')
         assert text_of(chromium, "#status") == "SERVING"
+        wait_for_text(chromium, "#transactions tbody td", "nightly-export")
 
         # The group catches up in two steps, and new traffic arrives: the page follows each change.
         for fraction in (2, 1):
@@ -64,7 +67,7 @@ def test_console_shows_topic_and_follows_the_lag_of_a_group_catching_up(
                 consumer.commit(topic_name, queue_id, end * fraction // 3 if fraction == 2 else end)
             wait_for_text(chromium, lag_css, str(group_lag(admin, topic_name)))
         assert group_lag(admin, topic_name) == 0
-        send_keyed(broker.address, topic_name, 20)
+        send_keyed(producer, topic_name, 20)
         wait_for_text(chromium, lag_css, "20")
 
         WebDriverWait(chromium, WAIT_S).until(
@@ -74,8 +77,10 @@ def test_console_shows_topic_and_follows_the_lag_of_a_group_catching_up(
         )
         holders = {row.text.split()[3] for row in chromium.find_elements(By.CSS_SELECTOR, "#locks tbody tr")}
         assert holders == {consumer.client_id}
-    screenshot = os.environ.get("ORDERLYMQ_CONSOLE_SCREENSHOT") or str(tmp_path / "console.png")
-    assert chromium.save_screenshot(screenshot)
+        screenshot = os.environ.get("ORDERLYMQ_CONSOLE_SCREENSHOT") or str(tmp_path / "console.png")
+        assert chromium.save_screenshot(screenshot)
+        export.abort()
+        wait_for_text(chromium, "#transactions tbody td", "no open transaction")
 
 
 def test_console_says_when_the_broker_is_unreachable(broker_factory, console_of, chromium):
