@@ -25,6 +25,7 @@ from broker.rocketmq.mapping import MESSAGE_ID_PROPERTY, message_id_of, to_rocke
 from broker.rocketmq.protocol import Code, definition
 from broker.rocketmq.receipts import Receipt
 from broker.rocketmq.statuses import RocketMQStatusError
+from broker.storage.arrivals import Arrivals
 from broker.wire import codec
 from broker.wire.errors import FencedError
 
@@ -61,6 +62,18 @@ class Consumption:
         self.clock = clock
         self._states: dict[tuple[str, str, int], QueueDeliveries] = {}
         self._mutex = threading.Lock()
+        self._wakeups: dict[tuple[str, str], Arrivals] = {}
+
+    def wakeups(self, group: str, topic: str) -> Arrivals:
+        """Resolved when a message of the group's topic becomes deliverable again (ack, nack, a client
+        leaving): a FIFO long poll waiting behind messages in flight goes on at once."""
+        with self._mutex:
+            return self._wakeups.setdefault((group, topic), Arrivals(threading.Lock()))
+
+    def _wake(self, group: str, topic: str) -> None:
+        wakeups = self._wakeups.get((group, topic))
+        if wakeups is not None:
+            wakeups.wake_all()
 
     # -- delivery state under the group's queue lock ---------------------------------------------
 
@@ -180,6 +193,7 @@ class Consumption:
                                           f"{receipt.offset} is not in flight under this receipt: acked already, or "
                                           "delivered again after its invisible duration ran out")
             self._commit(key, state)
+        self._wake(group, topic)
 
     def change_invisible(self, group: str, topic: str, handle: str, invisible_ms: int) -> str:
         """Make a received message visible again in ``invisible_ms``; returns its receipt handle."""
@@ -189,6 +203,7 @@ class Consumption:
             if not state.change_invisible(receipt.offset, receipt.attempt, self.clock() + invisible_ms):
                 raise RocketMQStatusError(Code.INVALID_RECEIPT_HANDLE, f"message {topic}/{receipt.queue_id}@"
                                           f"{receipt.offset} is not in flight under this receipt")
+        self._wake(group, topic)
         return handle
 
     def dead_letter(self, group: str, topic: str, handle: str) -> None:
@@ -211,6 +226,7 @@ class Consumption:
             self.store.queue(dlq, 0).append(body, count)
             state.ack(receipt.offset, receipt.attempt)
             self._commit(key, state)
+        self._wake(group, topic)
 
     def heartbeat(self, group: str, client_id: str) -> None:
         """A live consumer: keep its auto-renewed messages invisible and the group's locks held."""
@@ -227,8 +243,9 @@ class Consumption:
     def release(self, group: str, client_id: str) -> int:
         """A consumer left: what it held is visible to the group again now. Returns how many."""
         now, released = self.clock(), 0
-        for (g, _, _), state in list(self._states.items()):
+        for (g, topic, _), state in list(self._states.items()):
             if g == group:
                 with state.lock:
                     released += state.release(client_id, now)
+                self._wake(group, topic)
         return released

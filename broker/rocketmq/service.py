@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 CLIENT_ID_HEADER = "x-mq-client-id"
 DEFAULT_INVISIBLE_MS = 30_000
 MAX_BATCH = 1024
-_WAKE_S = 0.2  # a long poll looks again this often for acks and expired invisibility
+_RECHECK_S = 1.0  # a long poll also looks again this often: invisibility running out, other queues
 _ACCEPTED_TYPES = (definition.MessageType.NORMAL, definition.MessageType.FIFO)
 _UNSUPPORTED = {
     "EndTransaction": "transactional messages are not supported by orderlymq's RocketMQ service yet",
@@ -231,14 +231,21 @@ class RocketMQService:
             wait_s = min(wait_s, max(remaining - 1.0, 0.0))  # answer before the caller's deadline
         deadline = time.monotonic() + wait_s
         args = (group, topic, queue_ids, client_id, batch, invisible_ms, request.auto_renew, tags)
+        wakeups = self.consumption.wakeups(group, topic)
+        queue = self.broker.store.queue(topic, asked)
         while True:
-            messages = await self._on_thread(self.consumption.receive, *args)
-            left = deadline - time.monotonic()
-            if messages or left <= 0:
-                for message in messages:  # the topic as the client names it (namespace apart)
-                    message.topic.CopyFrom(request.message_queue.topic)
-                return messages
-            await asyncio.sleep(min(_WAKE_S, left))
+            acked = wakeups.register()  # before looking: an ack meanwhile resolves it
+            end = queue.max_offset
+            try:
+                messages = await self._on_thread(self.consumption.receive, *args)
+                left = deadline - time.monotonic()
+                if messages or left <= 0:
+                    for message in messages:  # the topic as the client names it (namespace apart)
+                        message.topic.CopyFrom(request.message_queue.topic)
+                    return messages
+                await _first_of(acked, queue.wait_for_data_async(end, left), timeout=min(_RECHECK_S, left))
+            finally:
+                wakeups.discard(acked)
 
     def AckMessage(self, request, client_id: str):
         group, topic = _group(request.group), _topic(request.topic)
@@ -320,6 +327,15 @@ class RocketMQService:
                     self._unary(method.name, request_type, response_type), response_serializer=serialize)
             handlers[method.name] = handler
         return grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)
+
+
+async def _first_of(future: asyncio.Future, coroutine, timeout: float) -> None:
+    """Wait until ``future`` resolves, ``coroutine`` returns or ``timeout`` passes."""
+    task = asyncio.ensure_future(coroutine)
+    try:
+        await asyncio.wait({future, task}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        task.cancel()
 
 
 def _client_id(context) -> str:
