@@ -6,7 +6,9 @@ nothing more. A broker that cannot be reached is shown on the page (with the las
 as a stack trace.
 
 Read-only: GET and HEAD only; every other method is refused with 405 before its body is read, and
-no request reaches a broker RPC that changes state. (Admin actions wait for user rights.)
+no request reaches a broker RPC that changes state. (Admin actions wait for user rights.) A request
+naming another host than the one listened on is refused with 403, so a web page elsewhere cannot
+read the console through a DNS name rebound to loopback.
 """
 
 from __future__ import annotations
@@ -74,6 +76,17 @@ class ConsoleServer:
     def url(self) -> str:
         host, port = self._http.server_address[:2]
         return f"http://{host}:{port}/"
+
+    def serves_host(self, host_header: str) -> bool:
+        """Whether a request's ``Host`` names this console: its own address, or loopback when it
+        listens there; any host when it listens on every interface (the operator chose to)."""
+        listen_host = self._http.server_address[0]
+        if listen_host in ("0.0.0.0", "::"):
+            return True
+        name = host_header.rsplit(":", 1)[0] if not host_header.endswith("]") else host_header
+        name = name.strip("[]").lower()
+        loopback = listen_host.startswith("127.") or listen_host == "::1"
+        return name == listen_host or (loopback and name in ("localhost", "127.0.0.1", "::1"))
 
     def start(self) -> ConsoleServer:
         for thread in self._threads:
@@ -150,6 +163,10 @@ def _handler_for(console: ConsoleServer) -> type[BaseHTTPRequestHandler]:
                         "text/plain; charset=utf-8", {"Allow": "GET, HEAD"})
 
         def _answer(self, send_body: bool) -> None:
+            if not console.serves_host(self.headers.get("Host", "")):
+                self._reply(HTTPStatus.FORBIDDEN, b"unknown host: open the console by the address it listens on\n",
+                            "text/plain; charset=utf-8", send_body=send_body)
+                return
             path = self.path.split("?", 1)[0]
             if path == "/api/state":
                 body, kind = console.state_json(), "application/json"

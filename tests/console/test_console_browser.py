@@ -7,6 +7,7 @@ one in the docs); otherwise it goes to the test's temp dir.
 
 from __future__ import annotations
 
+import http.client
 import os
 import urllib.error
 import urllib.request
@@ -112,3 +113,17 @@ def test_console_refuses_every_method_but_get(broker, console_of, topic_name, me
                 urllib.request.urlopen(request, timeout=10)
             assert refused.value.code == 405 and refused.value.headers["Allow"] == "GET, HEAD"
         assert broker_view(admin, topic_name) == before
+
+
+def test_console_refuses_a_request_for_another_host(broker, console_of):
+    """A page elsewhere whose DNS name was rebound to loopback cannot read the console."""
+    console = console_of(broker.address)
+    port = int(console.url.rsplit(":", 1)[1].strip("/"))
+    answers = {}
+    for host in ("evil.example", f"evil.example:{port}", f"localhost:{port}", f"127.0.0.1:{port}"):
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        connection.request("GET", "/api/state", headers={"Host": host})
+        answers[host] = connection.getresponse().status
+        connection.close()
+    assert answers == {"evil.example": 403, f"evil.example:{port}": 403, f"localhost:{port}": 200,
+                       f"127.0.0.1:{port}": 200}
