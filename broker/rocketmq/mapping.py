@@ -38,13 +38,14 @@ __all__ = [
     "target_queue",
     "to_rocketmq",
     "to_row",
+    "with_digest",
 ]
 
 MESSAGE_ID_PROPERTY = "rocketmq.message_id"
 KEYS_PROPERTY = "rocketmq.keys"
 _RESERVED = (MESSAGE_ID_PROPERTY, KEYS_PROPERTY)
 _SUPPORTED_TYPES = (definition.MessageType.NORMAL, definition.MessageType.FIFO,
-                    definition.MessageType.MESSAGE_TYPE_UNSPECIFIED)
+                    definition.MessageType.TRANSACTION, definition.MessageType.MESSAGE_TYPE_UNSPECIFIED)
 # Message ids of the RocketMQ 5 clients: "01", MAC (12 hex), pid (4 hex), then seconds since
 # 2021 (8 hex) and a per-process counter (8 hex). Version, MAC and pid name the producing process.
 _V1_PREFIX, _V1_LENGTH, _V1_PROCESS_END = "01", 34, 18
@@ -72,16 +73,15 @@ def _check_type(message: definition.Message) -> None:
     props = message.system_properties
     kind = props.message_type
     name = definition.MessageType.Name(kind) if kind in definition.MessageType.values() else str(kind)
-    if kind == definition.MessageType.TRANSACTION:
-        raise RocketMQStatusError(Code.UNSUPPORTED, "transactional messages are not supported by orderlymq's "
-                                  "RocketMQ service yet; send NORMAL or FIFO messages (or use orderlymq "
-                                  "transactions through its own client)")
     if kind not in _SUPPORTED_TYPES:
         raise RocketMQStatusError(Code.UNSUPPORTED, f"{name} messages are not supported by orderlymq; send "
-                                  "NORMAL or FIFO messages")
+                                  "NORMAL, FIFO or TRANSACTION messages")
     if props.HasField("delivery_timestamp"):
         raise RocketMQStatusError(Code.UNSUPPORTED, "delayed delivery (delivery_timestamp) is not supported by "
                                   "orderlymq; messages are delivered when stored")
+    if kind == definition.MessageType.TRANSACTION and props.message_group:
+        raise RocketMQStatusError(Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, "a transactional message cannot "
+                                  "have a message group")
     if kind == definition.MessageType.FIFO and not props.message_group:
         raise RocketMQStatusError(Code.ILLEGAL_MESSAGE_GROUP, "a FIFO message needs a message group: it is the "
                                   "key that decides its queue and its order")
@@ -138,6 +138,13 @@ def message_id_of(properties: Mapping[str, str], queue_id: int, offset: int) -> 
     return properties.get(MESSAGE_ID_PROPERTY) or f"OMQ{queue_id:04X}-{offset:016X}"
 
 
+def with_digest(message: definition.Message) -> definition.Message:
+    """``message`` with the CRC32 body digest clients check (and complain about when missing)."""
+    message.system_properties.body_digest.type = definition.DigestType.CRC32
+    message.system_properties.body_digest.checksum = format(zlib.crc32(message.body) & 0xFFFFFFFF, "08X")
+    return message
+
+
 def to_rocketmq(row: Mapping[str, Any], topic: str, queue_id: int, *, receipt_handle: str,
                 delivery_attempt: int, invisible_ms: int) -> definition.Message:
     """A stored row (``STORED_SCHEMA`` as Python values, timestamps as ms) as the Message a consumer
@@ -162,8 +169,6 @@ def to_rocketmq(row: Mapping[str, Any], topic: str, queue_id: int, *, receipt_ha
     else:
         props.message_type = definition.MessageType.NORMAL
     props.body_encoding = definition.Encoding.IDENTITY
-    props.body_digest.type = definition.DigestType.CRC32  # clients check it (and complain without one)
-    props.body_digest.checksum = format(zlib.crc32(row["body"]) & 0xFFFFFFFF, "08X")
     if row.get("born_timestamp") is not None:
         props.born_timestamp.FromMilliseconds(row["born_timestamp"])
     if row.get("store_timestamp") is not None:
@@ -173,4 +178,4 @@ def to_rocketmq(row: Mapping[str, Any], topic: str, queue_id: int, *, receipt_ha
     props.receipt_handle = receipt_handle
     props.delivery_attempt = delivery_attempt
     props.invisible_duration.FromMilliseconds(invisible_ms)
-    return message
+    return with_digest(message)

@@ -25,6 +25,7 @@ from broker.rocketmq.consumption import AUTO_RENEW_MS, Consumption
 from broker.rocketmq.protocol import SERVICE_NAME, Code, definition, service
 from broker.rocketmq.settings import LONG_POLLING_S, RECEIVE_BATCH_SIZE, settings_for
 from broker.rocketmq.statuses import RocketMQStatusError, ok, status, status_for
+from broker.rocketmq.transactions import HalfMessages
 from broker.wire import codec
 from broker.wire.errors import TopicNotFoundError
 from broker.wire.tags import parse_tag_expression
@@ -37,9 +38,9 @@ CLIENT_ID_HEADER = "x-mq-client-id"
 DEFAULT_INVISIBLE_MS = 30_000
 MAX_BATCH = 1024
 _RECHECK_S = 1.0  # a long poll also looks again this often: invisibility running out, other queues
-_ACCEPTED_TYPES = (definition.MessageType.NORMAL, definition.MessageType.FIFO)
+_ACCEPTED_TYPES = (definition.MessageType.NORMAL, definition.MessageType.FIFO, definition.MessageType.TRANSACTION)
+_CHECK_EVERY_S = 1.0  # how often a producer's Telemetry stream looks for orphaned transactions to check
 _UNSUPPORTED = {
-    "EndTransaction": "transactional messages are not supported by orderlymq's RocketMQ service yet",
     "PullMessage": "PullMessage (the pull consumer) is not supported; use a SimpleConsumer or PushConsumer",
     "UpdateOffset": "offsets of RocketMQ pull consumers are not supported; SimpleConsumer and PushConsumer "
                     "acks move the group's offsets",
@@ -92,6 +93,7 @@ class RocketMQService:
         self.broker = broker
         self.pool = pool
         self.consumption = Consumption(broker)
+        self.half_messages = HalfMessages(broker)
         self._round_robin = itertools.count()
 
     async def _on_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -149,16 +151,34 @@ class RocketMQService:
         return service.QueryAssignmentResponse(status=ok(), assignments=[
             definition.Assignment(message_queue=q) for q in queues])
 
-    async def telemetry(self, request_iterator, context) -> AsyncIterator[bytes]:
+    async def telemetry(self, request_iterator, context) -> AsyncIterator[service.TelemetryCommand]:
+        """Answer each client's settings; ask producers about their orphaned transactions."""
+        client_id, outbox, topics = _client_id(context), asyncio.Queue(), set()
+        reader = asyncio.ensure_future(self._answer_settings(request_iterator, outbox, topics))
+        try:
+            while not (reader.done() and outbox.empty()):
+                try:
+                    yield await asyncio.wait_for(outbox.get(), _CHECK_EVERY_S)
+                except asyncio.TimeoutError:
+                    pass
+                if client_id:
+                    for command in self.half_messages.checks_for(client_id, topics):
+                        yield command
+        finally:
+            reader.cancel()
+
+    async def _answer_settings(self, request_iterator, outbox: asyncio.Queue, topics: set[str]) -> None:
         async for raw in request_iterator:
             try:
                 command = service.TelemetryCommand.FromString(raw)
             except DecodeError:
-                yield service.TelemetryCommand(status=status(Code.BAD_REQUEST, "malformed TelemetryCommand"))
+                outbox.put_nowait(service.TelemetryCommand(status=status(Code.BAD_REQUEST, "malformed TelemetryCommand")))
                 continue
             if command.HasField("settings"):
-                settings = settings_for(command.settings, self.broker.config.max_request_bytes)
-                yield service.TelemetryCommand(status=ok(), settings=settings)
+                asked = command.settings
+                topics.update(_name(t, "topic", Code.ILLEGAL_TOPIC) for t in asked.publishing.topics if t.name)
+                settings = settings_for(asked, self.broker.config.max_request_bytes)
+                outbox.put_nowait(service.TelemetryCommand(status=ok(), settings=settings))
             # Other commands answer server commands this broker never sends: nothing to do.
 
     # -- produce ---------------------------------------------------------------------------------
@@ -169,16 +189,21 @@ class RocketMQService:
         entries = []
         for message in request.messages:
             try:
-                entries.append(self._send(message))
+                entries.append(self._send(message, client_id))
             except Exception as exc:  # noqa: BLE001 - each entry gets its own status
                 entries.append(service.SendResultEntry(status=status_for(exc)))
         return service.SendMessageResponse(status=_summary([e.status for e in entries]), entries=entries)
 
-    def _send(self, message: definition.Message) -> service.SendResultEntry:
+    def _send(self, message: definition.Message, client_id: str) -> service.SendResultEntry:
         topic = _topic(message.topic)
         row = mapping.to_row(message)
         queue_id = mapping.target_queue(message, self._queue_count(topic), next(self._round_robin))
         body, count = codec.message_batch(codec.encode(codec.messages_to_batch([row])))
+        if message.system_properties.message_type == definition.MessageType.TRANSACTION:
+            check = mapping.with_digest(definition.Message.FromString(message.SerializeToString()))
+            txn_id = self.half_messages.stage(topic, queue_id, body, check, client_id)
+            return service.SendResultEntry(status=ok(), message_id=message.system_properties.message_id,
+                                           transaction_id=txn_id)
         producer_id, sequence = mapping.producer_identity(message.system_properties.message_id)
         result = self.broker.store.queue(topic, queue_id).append(body, count, producer_id, sequence)
         if not result.duplicate:
@@ -269,6 +294,13 @@ class RocketMQService:
             raise RocketMQStatusError(Code.ILLEGAL_INVISIBLE_TIME, "the invisible duration must not be negative")
         handle = self.consumption.change_invisible(group, topic, request.receipt_handle, invisible_ms)
         return service.ChangeInvisibleDurationResponse(status=ok(), receipt_handle=handle)
+
+    def EndTransaction(self, request, client_id: str):
+        if not request.transaction_id:
+            raise RocketMQStatusError(Code.INVALID_TRANSACTION_ID, "EndTransaction needs the transaction id the "
+                                      "half message's send returned")
+        self.half_messages.end(request.transaction_id, request.resolution)
+        return service.EndTransactionResponse(status=ok())
 
     def ForwardMessageToDeadLetterQueue(self, request, client_id: str):
         self.consumption.dead_letter(_group(request.group), _topic(request.topic), request.receipt_handle)

@@ -52,8 +52,12 @@ def keyed_message(topic: str, key: str, seq: int, *, fifo: bool = True, tag: str
 
 
 def event(message) -> tuple[str, int]:
-    body = json.loads(message.body)
-    return body["key"], body["seq"]
+    return event_of(message.body)
+
+
+def event_of(body: bytes) -> tuple[str, int]:
+    decoded = json.loads(body)
+    return decoded["key"], decoded["seq"]
 
 
 def drain(consumer: SimpleConsumer, expected: int, *, timeout: float = 30.0, batch: int = 16,

@@ -56,7 +56,9 @@ def test_unknown_topic(stub, broker):
 
 
 @pytest.mark.parametrize(("system", "code", "words"), [
-    ({"message_type": definition.MessageType.TRANSACTION}, Code.UNSUPPORTED, "transactional"),
+    ({"message_type": definition.MessageType.TRANSACTION}, Code.ILLEGAL_MESSAGE_ID, "message id"),
+    ({"message_type": definition.MessageType.TRANSACTION, "message_group": "g", "message_id": "m"},
+     Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, "message group"),
     ({"message_type": definition.MessageType.DELAY}, Code.UNSUPPORTED, "DELAY"),
     ({"message_type": definition.MessageType.FIFO}, Code.ILLEGAL_MESSAGE_GROUP, "message group"),
     ({"body": b""}, Code.MESSAGE_BODY_EMPTY, "empty"),
@@ -89,7 +91,10 @@ def test_consumer_mistakes(stub, topic):
 
 def test_unsupported_and_malformed(stub, broker, topic):
     messaging, channel = stub
-    assert messaging.EndTransaction(service_pb2.EndTransactionRequest()).status.code == Code.UNSUPPORTED
+    assert messaging.EndTransaction(service_pb2.EndTransactionRequest()).status.code == Code.INVALID_TRANSACTION_ID
+    unknown = messaging.EndTransaction(service_pb2.EndTransactionRequest(
+        transaction_id="rocketmq:nope", resolution=definition.TransactionResolution.COMMIT))
+    assert unknown.status.code == Code.INVALID_TRANSACTION_ID and "rocketmq:nope" in unknown.status.message
     [pulled] = list(messaging.PullMessage(service_pb2.PullMessageRequest()))
     assert pulled.status.code == Code.UNSUPPORTED and "SimpleConsumer" in pulled.status.message
     raw = channel.unary_unary("/apache.rocketmq.v2.MessagingService/SendMessage")
