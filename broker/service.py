@@ -236,9 +236,9 @@ class BrokerService:
             per_queue[(topic, queue_id)].append(payload)
         count = 0
         for (topic, queue_id), payloads in per_queue.items():
-            table = codec.decode_records(payloads)  # staged sends are message_batch bodies, like records
-            self.store.queue(topic, queue_id).append(codec.encode(table), table.num_rows, f"txn:{txn_id}", 0)
-            count += table.num_rows
+            body, rows = codec.join_records(payloads)  # staged sends are message_batch bodies, like records
+            self.store.queue(topic, queue_id).append(body, rows, f"txn:{txn_id}", 0)
+            count += rows
         self.txns.mark_committed(txn_id)
         return False, count
 

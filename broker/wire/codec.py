@@ -314,6 +314,21 @@ def _check_limits(table: pa.Table) -> None:
             raise BadBatchError(f"a {what} in the batch is {longest} bytes long; the limit is {limit} bytes (UTF-8)")
 
 
+def join_records(bodies: Sequence[bytes]) -> tuple[bytes, int]:
+    """Stored record bodies joined into one body, and its message count.
+
+    Bodies laid out by ``message_batch`` are joined as they are (one schema message, every body's
+    record batch messages, one end-of-stream marker): no batch is decoded into columns and encoded
+    again, which is what committing a transaction of many staged sends would otherwise cost.
+    """
+    prefix = _MESSAGE_SCHEMA_IPC
+    if all(body.startswith(prefix) and body.endswith(_END_OF_STREAM) for body in bodies):
+        joined = b"".join([prefix, *(memoryview(b)[len(prefix):-len(_END_OF_STREAM)] for b in bodies), _END_OF_STREAM])
+        return joined, decode(joined).num_rows  # a zero-copy read of the batch headers
+    table = decode_records(bodies)
+    return encode(table), table.num_rows
+
+
 def decode_records(bodies: Sequence[bytes]) -> pa.Table:
     """Stored record bodies, in order, as one table of their message columns.
 
