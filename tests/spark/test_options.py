@@ -156,5 +156,7 @@ def test_vectorized_routing_equals_queue_for_key():
             queue_for_key(k, n) for k in strings[3:]
         ]
         assert queue_ids(pa.array(binaries, pa.binary()), n).tolist() == [queue_for_key(k, n) for k in binaries]
+        repeated = rng.sample(strings * 3, len(strings) * 3)  # each distinct key is hashed once
+        assert queue_ids(pa.array(repeated), n).tolist() == [queue_for_key(k, n) for k in repeated]
         assert queue_ids(pa.array(ints, pa.int64()), n).tolist() == [queue_for_key(k, n) for k in ints]
         assert queue_ids(pa.array([5, -5], pa.int8()), n).tolist() == [queue_for_key(k, n) for k in (5, -5)]
