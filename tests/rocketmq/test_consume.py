@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import grpc
 import pytest
@@ -136,3 +137,61 @@ def test_our_consumers_of_the_group_wait_for_the_queue_lock(broker, topic):
         with Admin(broker.address) as admin:
             holders = {lock.client_id for lock in admin.lock_holders("shared-group", topic)}
     assert holders == {"rocketmq-clients"}
+
+
+def test_two_simple_consumers_of_a_group_keep_each_key_in_order(broker, topic):
+    sends = produce(broker.address, topic, keys=6, per_key=15)
+    deliveries, lock = [], threading.Lock()
+    seen: set[tuple[str, int]] = set()
+
+    def consume(name: str) -> None:
+        with clients.simple_consumer(broker.address, "pair-group", topic) as consumer:
+            deadline = time.monotonic() + 30
+            while len(seen) < len(sends) and time.monotonic() < deadline:
+                for message in consumer.receive(4, 20):
+                    with lock:  # recorded before the ack: the next of its queue cannot come earlier
+                        deliveries.append(Delivery(*clients.event(message), name))
+                        seen.add(clients.event(message))
+                    consumer.ack(message)
+
+    workers = [threading.Thread(target=consume, args=(f"consumer-{i}",)) for i in range(2)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    verdict = check(sends, deliveries)
+    assert verdict.ok and verdict.deliveries == len(sends), str(verdict)
+
+
+def test_a_consumer_that_leaves_gives_its_messages_back_in_order(broker, topic):
+    """Unacked messages of a consumer that shuts down go to the next consumer first, in order."""
+    sends = produce(broker.address, topic, keys=1, per_key=6)
+    with clients.simple_consumer(broker.address, "relay-group", topic) as first:
+        taken = wait_until(lambda: first.receive(3, 60))
+        first.ack(taken[0])  # the other two are left unacked
+    deliveries = [Delivery(*clients.event(m), "first") for m in taken]
+    with clients.simple_consumer(broker.address, "relay-group", topic) as second:
+        deliveries += clients.drain(second, 5)
+    verdict = check(sends, deliveries)
+    assert (verdict.lost, verdict.out_of_order, verdict.unexpected) == (0, 0, 0), str(verdict)
+    assert verdict.duplicated == len(taken) - 1 and verdict.distinct_delivered == len(sends), str(verdict)
+
+
+def test_broker_restart_redelivers_only_what_was_not_acked(broker_factory, tmp_path, topic_name):
+    data = tmp_path / "restarted"
+    first = broker_factory(data)
+    with Admin(first.address) as admin:
+        admin.create_topic(topic_name, queues=QUEUES)
+    sends = produce(first.address, topic_name, keys=4, per_key=5)
+    with clients.simple_consumer(first.address, "restart-group", topic_name) as consumer:
+        deliveries = clients.drain(consumer, 12, batch=4)  # acked
+        acked = len(deliveries)
+        unacked = wait_until(lambda: consumer.receive(8, 60))
+        deliveries += [Delivery(*clients.event(m), "before restart") for m in unacked]
+        first.stop()
+    second = broker_factory(data)
+    with clients.simple_consumer(second.address, "restart-group", topic_name) as consumer:
+        deliveries += clients.drain(consumer, len(sends) - acked)
+    verdict = check(sends, deliveries)
+    assert (verdict.lost, verdict.out_of_order, verdict.unexpected) == (0, 0, 0), str(verdict)
+    assert verdict.duplicated <= len(unacked) and verdict.distinct_delivered == len(sends), str(verdict)
