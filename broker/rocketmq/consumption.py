@@ -155,12 +155,11 @@ class Consumption:
         if state.blocked(now):
             return []
         queue = self.store.queue(topic, queue_id)
-        if state.next_offset < queue.min_offset:
+        if state.committed < queue.min_offset:
             log.warning("retention removed offsets %d..%d of %s/%d before group %s consumed them", state.committed,
                         queue.min_offset - 1, topic, queue_id, group)
-            for offset in range(state.committed, queue.min_offset):
-                state.skip(offset)
-        due = [o for o in state.due(now) if o >= queue.min_offset]
+            state.jump(queue.min_offset)
+        due = state.due(now)
         start = due[0] if due else state.next_offset
         if start >= queue.max_offset:
             return []

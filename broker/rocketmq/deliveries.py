@@ -68,6 +68,15 @@ class QueueDeliveries:
         self.next_offset = max(self.next_offset, offset + 1)
         self._mark_acked(offset)
 
+    def jump(self, offset: int) -> None:
+        """Retention removed everything below ``offset``: forget it, as if it had been acked."""
+        for earlier in [o for o in self.in_flight if o < offset]:
+            del self.in_flight[earlier]
+        self.acked = {o for o in self.acked if o >= offset}
+        self.committed = max(self.committed, offset)
+        self.next_offset = max(self.next_offset, offset)
+        self._advance()
+
     def holds(self, offset: int, attempt: int) -> bool:
         current = self.in_flight.get(offset)
         return current is not None and current.attempt == attempt
@@ -105,6 +114,9 @@ class QueueDeliveries:
     def _mark_acked(self, offset: int) -> None:
         if offset >= self.committed:
             self.acked.add(offset)
+        self._advance()
+
+    def _advance(self) -> None:
         while self.committed in self.acked:
             self.acked.discard(self.committed)
             self.committed += 1

@@ -322,7 +322,7 @@ class RocketMQService:
             try:
                 request = request_type.FromString(raw)
                 if body is None:
-                    raise RocketMQStatusError(Code.UNSUPPORTED, _UNSUPPORTED[name])
+                    raise RocketMQStatusError(Code.UNSUPPORTED, _unsupported(name))
                 answer = await self._on_thread(body, request, _client_id(context))
                 self._done(name, started, answer.status)
                 return answer
@@ -337,7 +337,7 @@ class RocketMQService:
 
     def _unsupported_stream(self, name: str, response_type) -> Callable:
         async def handler(raw: bytes, context):
-            yield response_type(status=status(Code.UNSUPPORTED, _UNSUPPORTED[name]))
+            yield response_type(status=status(Code.UNSUPPORTED, _unsupported(name)))
 
         return handler
 
@@ -368,6 +368,10 @@ async def _first_of(future: asyncio.Future, coroutine, timeout: float) -> None:
         await asyncio.wait({future, task}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
     finally:
         task.cancel()
+
+
+def _unsupported(name: str) -> str:
+    return _UNSUPPORTED.get(name, f"{name} is not supported by orderlymq")
 
 
 def _client_id(context) -> str:

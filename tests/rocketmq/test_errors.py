@@ -105,3 +105,23 @@ def test_unsupported_and_malformed(stub, broker, topic):
         assert producer.send(clients.keyed_message(topic, "k", 0)).message_id
     with Admin(broker.address) as admin:
         assert admin.health()["status"] == "SERVING"
+
+
+def test_every_rpc_answers_with_a_status(stub):
+    """No RPC of the service is left to gRPC's UNIMPLEMENTED: an empty request gets a RocketMQ status."""
+    messaging, channel = stub
+    for method in service_pb2.DESCRIPTOR.services_by_name["MessagingService"].methods:
+        path = f"/apache.rocketmq.v2.MessagingService/{method.name}"
+        response_type = getattr(service_pb2, method.output_type.name)
+        if method.client_streaming:
+            call = channel.stream_stream(path, request_serializer=service_pb2.TelemetryCommand.SerializeToString,
+                                         response_deserializer=response_type.FromString)
+            answers = list(call(iter([service_pb2.TelemetryCommand(settings=definition.Settings())]), metadata=CLIENT,
+                                timeout=10))
+        elif method.server_streaming:
+            call = channel.unary_stream(path, response_deserializer=response_type.FromString)
+            answers = list(call(b"", metadata=CLIENT, timeout=10))
+        else:
+            call = channel.unary_unary(path, response_deserializer=response_type.FromString)
+            answers = [call(b"", metadata=CLIENT, timeout=10)]
+        assert answers and answers[-1].status.code != Code.CODE_UNSPECIFIED, method.name

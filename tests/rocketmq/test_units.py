@@ -93,3 +93,12 @@ def test_producer_identity_from_v1_message_ids():
     producer, sequence = mapping.producer_identity("01" + "0A1B2C3D4E5F" + "1234" + "00ABCDEF" + "00000007")
     assert producer == "rocketmq:0A1B2C3D4E5F1234" and sequence == (0x00ABCDEF << 32) | 7
     assert mapping.producer_identity("not-a-v1-id") == ("", -1)
+
+
+def test_retention_jump_forgets_what_was_removed():
+    state = QueueDeliveries(committed=0, epoch=1)
+    for offset in (0, 1, 2):
+        state.deliver(offset, "c1", visible_at_ms=100, auto_renew=False)
+    assert state.ack(2, 1)
+    state.jump(2)
+    assert state.committed == 3 and state.in_flight == {} and state.next_offset == 3
