@@ -29,4 +29,5 @@ def rocketmq_handler(service, pool: futures.ThreadPoolExecutor) -> grpc.GenericR
         return None
     from broker.rocketmq.service import RocketMQService
 
+    log.info("serving apache.rocketmq.v2.MessagingService beside orderlymq.v1: RocketMQ 5 clients may connect")
     return RocketMQService(service, pool).generic_handler()
