@@ -118,20 +118,23 @@ def target_queue(message: definition.Message, queue_count: int, fallback: int) -
     return fallback % queue_count
 
 
-def producer_identity(message_id: str) -> tuple[str, int]:
-    """``(producer_id, sequence)`` for our idempotent append, from a RocketMQ 5 message id.
+def producer_identity(message_id: str, client_id: str) -> tuple[str, int]:
+    """``(producer_id, sequence)`` for our idempotent append, from a RocketMQ 5 message id and the
+    id of the client instance that sends it.
 
     The client keeps a message's id across its send retries, so a retry maps to the same pair and
-    is stored once. Ids of another shape get ``("", -1)``: stored without that check.
+    is stored once. The client instance id (unique: host, pid, a random part) keeps two processes
+    whose message ids share MAC and pid bits apart. Without a client id, or for ids of another
+    shape, ``("", -1)``: stored without that check.
     """
-    if len(message_id) != _V1_LENGTH or not message_id.startswith(_V1_PREFIX):
+    if not client_id or len(message_id) != _V1_LENGTH or not message_id.startswith(_V1_PREFIX):
         return "", -1
     try:
         sequence = int(message_id[_V1_PROCESS_END:], 16)
         int(message_id[len(_V1_PREFIX):_V1_PROCESS_END], 16)
     except ValueError:
         return "", -1
-    return "rocketmq:" + message_id[len(_V1_PREFIX):_V1_PROCESS_END], sequence
+    return f"rocketmq:{client_id}:{message_id[len(_V1_PREFIX):_V1_PROCESS_END]}", sequence
 
 
 def message_id_of(properties: Mapping[str, str], queue_id: int, offset: int) -> str:

@@ -204,7 +204,7 @@ class RocketMQService:
             txn_id = self.half_messages.stage(topic, queue_id, body, check, client_id)
             return service.SendResultEntry(status=ok(), message_id=message.system_properties.message_id,
                                            transaction_id=txn_id)
-        producer_id, sequence = mapping.producer_identity(message.system_properties.message_id)
+        producer_id, sequence = mapping.producer_identity(message.system_properties.message_id, client_id)
         result = self.broker.store.queue(topic, queue_id).append(body, count, producer_id, sequence)
         if not result.duplicate:
             self.broker.metrics.stored(topic, queue_id, count, len(body))

@@ -89,8 +89,9 @@ def test_retried_send_is_stored_once(broker, topic):
     message_id = "01" + "0A1B2C3D4E5F" + "1234" + "00ABCDEF" + "00000007"
     with grpc.insecure_channel(broker.address) as channel:
         stub = MessagingServiceStub(channel)
-        first = stub.SendMessage(_send_request(topic, message_id, b"once"))
-        again = stub.SendMessage(_send_request(topic, message_id, b"once"))
+        client = (("x-mq-client-id", "host@77@0@x1"),)
+        first = stub.SendMessage(_send_request(topic, message_id, b"once"), metadata=client)
+        again = stub.SendMessage(_send_request(topic, message_id, b"once"), metadata=client)
     assert first.status.code == again.status.code == definition.Code.OK
     assert first.entries[0].offset == again.entries[0].offset
     stored = [row for rows in stored_events(broker.address, topic).values() for row in rows]

@@ -90,9 +90,11 @@ def test_gzip_bodies_are_stored_plain():
 
 
 def test_producer_identity_from_v1_message_ids():
-    producer, sequence = mapping.producer_identity("01" + "0A1B2C3D4E5F" + "1234" + "00ABCDEF" + "00000007")
-    assert producer == "rocketmq:0A1B2C3D4E5F1234" and sequence == (0x00ABCDEF << 32) | 7
-    assert mapping.producer_identity("not-a-v1-id") == ("", -1)
+    message_id = "01" + "0A1B2C3D4E5F" + "1234" + "00ABCDEF" + "00000007"
+    producer, sequence = mapping.producer_identity(message_id, "host@77@0@x1")
+    assert producer == "rocketmq:host@77@0@x1:0A1B2C3D4E5F1234" and sequence == (0x00ABCDEF << 32) | 7
+    assert mapping.producer_identity("not-a-v1-id", "host@77@0@x1") == ("", -1)
+    assert mapping.producer_identity(message_id, "") == ("", -1), "no client id: no check"
 
 
 def test_retention_jump_forgets_what_was_removed():
