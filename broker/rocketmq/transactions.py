@@ -1,8 +1,9 @@
 """RocketMQ transactional messages on our broker transactions, and the orphaned-transaction checks.
 
 A half message (a TRANSACTION message) is staged in a broker transaction of its own, id
-``rocketmq:<message id>``: invisible until EndTransaction commits it (appended to its queue, like
-any commit) or rolls it back. A half message left unresolved is an orphan: from ``FIRST_CHECK_MS``
+``rocketmq:<client id>:<message id>`` (message ids of two processes may collide, client ids do
+not): invisible until EndTransaction commits it (appended to its queue, like any commit) or rolls
+it back. A half message left unresolved is an orphan: from ``FIRST_CHECK_MS``
 after it was sent, the broker asks a producer over its Telemetry stream
 (RecoverOrphanedTransactionCommand) and the producer's transaction checker answers with an
 EndTransaction; checks repeat with a growing interval until ``HALF_MESSAGE_TIMEOUT_MS``, when the
@@ -15,6 +16,7 @@ by EndTransaction, or rolled back at its timeout, but not checked.
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -30,6 +32,7 @@ __all__ = ["FIRST_CHECK_MS", "HALF_MESSAGE_TIMEOUT_MS", "HalfMessages"]
 FIRST_CHECK_MS = 5_000
 MAX_CHECK_INTERVAL_MS = 60_000
 HALF_MESSAGE_TIMEOUT_MS = 15 * 60_000
+_MAX_CLIENT_ID_IN_TXN = 128
 
 
 @dataclass
@@ -41,8 +44,10 @@ class _Pending:
     interval_ms: int
 
 
-def transaction_id(message_id: str) -> str:
-    return f"rocketmq:{message_id}"
+def transaction_id(client_id: str, message_id: str) -> str:
+    if len(client_id) > _MAX_CLIENT_ID_IN_TXN:  # transaction ids are bounded: a long one by its digest
+        client_id = hashlib.sha256(client_id.encode()).hexdigest()[:32]
+    return f"rocketmq:{client_id}:{message_id}"
 
 
 class HalfMessages:
@@ -60,7 +65,7 @@ class HalfMessages:
         if not message_id:
             raise RocketMQStatusError(Code.ILLEGAL_MESSAGE_ID, "a transactional message needs a message id: it "
                                       "names the transaction")
-        txn_id = transaction_id(message_id)
+        txn_id = transaction_id(client_id, message_id)
         with self._mutex:
             if txn_id in self._pending:
                 return txn_id
