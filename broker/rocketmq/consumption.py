@@ -27,7 +27,6 @@ from broker.rocketmq.receipts import Receipt
 from broker.rocketmq.statuses import RocketMQStatusError
 from broker.storage.arrivals import Arrivals
 from broker.wire import codec
-from broker.wire.errors import FencedError
 
 __all__ = ["AUTO_RENEW_MS", "GATEWAY_CLIENT", "Consumption", "dead_letter_topic"]
 
@@ -108,16 +107,19 @@ class Consumption:
         return QueueDeliveries(committed=start, epoch=epoch, stored=stored)
 
     def _commit(self, key: tuple[str, str, int], state: QueueDeliveries) -> None:
-        """Store the state's committed offset, fenced by the lock epoch it holds."""
+        """Store the state's committed offset under the group's queue lock, renewed (or taken back
+        after a lapse nobody used) first; a queue another client took meanwhile refuses it."""
         if state.committed == state.stored:
             return
         group, topic, queue_id = key
-        try:
-            self.locks.check(group, topic, queue_id, GATEWAY_CLIENT, state.held_epoch)
-        except FencedError as exc:
+        epoch = self.locks.lock_batch(group, GATEWAY_CLIENT, topic, [queue_id]).get(queue_id)
+        if epoch is not None and epoch != state.held_epoch and self._still_ours(state, key):
+            state.held_epoch = epoch
+        if epoch != state.held_epoch:
             self._states.pop(key, None)
-            raise RocketMQStatusError(Code.INVALID_RECEIPT_HANDLE, f"{exc}; the message will be delivered "
-                                      "again") from None
+            raise RocketMQStatusError(Code.INVALID_RECEIPT_HANDLE, f"queue {topic}/{queue_id} of group {group!r} "
+                                      "was taken by another consumer of the group; the message will be delivered "
+                                      "again")
         self.offsets.commit(group, topic, queue_id, state.committed, GATEWAY_CLIENT)
         state.stored = state.committed
 

@@ -19,7 +19,7 @@ from rocketmq.grpc_protocol import definition_pb2 as definition  # noqa: E402
 from rocketmq.v5.exception import BadRequestException  # noqa: E402
 
 from connector.client import Admin, Producer  # noqa: E402
-from connector.client.connection import BrokerConnection  # noqa: E402
+from connector.client.connection import BrokerConnection, pb  # noqa: E402
 from connector.history import Delivery, Send, check  # noqa: E402
 from tests.rocketmq import clients  # noqa: E402
 from tests.support import pull_all, wait_until  # noqa: E402
@@ -195,3 +195,39 @@ def test_broker_restart_redelivers_only_what_was_not_acked(broker_factory, tmp_p
     verdict = check(sends, deliveries)
     assert (verdict.lost, verdict.out_of_order, verdict.unexpected) == (0, 0, 0), str(verdict)
     assert verdict.duplicated <= len(unacked) and verdict.distinct_delivered == len(sends), str(verdict)
+
+
+def _one_queue_topic(address: str, topic: str, messages: int) -> list[Send]:
+    with Admin(address) as admin:
+        admin.create_topic(topic, queues=1)
+    return produce(address, topic, keys=1, per_key=messages)
+
+
+def test_a_lapsed_lock_nobody_took_is_taken_back(broker_factory, topic_name):
+    running = broker_factory(lock_lease_ms=300)
+    sends = _one_queue_topic(running.address, topic_name, 2)
+    with clients.simple_consumer(running.address, "lapse-group", topic_name) as consumer:
+        [message] = wait_until(lambda: consumer.receive(1, 30))
+        time.sleep(0.6)  # the lease lapses (heartbeats come every 10 s)
+        consumer.ack(message)
+        deliveries = [Delivery(*clients.event(message))] + clients.drain(consumer, 1)
+    verdict = check(sends, deliveries)
+    assert verdict.ok and verdict.deliveries == 2, str(verdict)
+
+
+def test_ack_after_our_consumer_took_the_queue_is_refused(broker_factory, topic_name):
+    """The queue lock fences RocketMQ acks too: once an orderlymq consumer of the group holds the
+    queue, a RocketMQ consumer's ack no longer moves the group's offset."""
+    running = broker_factory(lock_lease_ms=300)
+    _one_queue_topic(running.address, topic_name, 2)
+    with clients.simple_consumer(running.address, "fenced-group", topic_name) as consumer:
+        [message] = wait_until(lambda: consumer.receive(1, 30))
+        time.sleep(0.6)
+        with BrokerConnection(running.address) as conn:
+            locked = conn.call("LockBatch", pb.LockBatchRequest(group="fenced-group", client_id="ours",
+                                                                topic=topic_name, queue_ids=[0]))
+            assert [lock.queue_id for lock in locked.locked] == [0]
+            with pytest.raises(BadRequestException, match="taken by another consumer"):
+                consumer.ack(message)
+    with Admin(running.address) as admin:
+        assert admin.committed_offset("fenced-group", topic_name, 0) in (-1, 0)
