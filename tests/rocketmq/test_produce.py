@@ -96,3 +96,28 @@ def test_retried_send_is_stored_once(broker, topic):
     assert first.entries[0].offset == again.entries[0].offset
     stored = [row for rows in stored_events(broker.address, topic).values() for row in rows]
     assert [dict(row["properties"])["rocketmq.message_id"] for row in stored] == [message_id]
+
+
+def test_a_batch_of_messages_is_routed_per_message_group(broker, topic):
+    """Clients may send several messages in one SendMessage (the Java client's batches): each is
+    routed by its own group, in order, and a bad one gets its own status."""
+    request = service_pb2.SendMessageRequest()
+    for i, group in enumerate(["a", "b", "a", "b"]):
+        message = request.messages.add(body=json.dumps({"key": group, "seq": i // 2}).encode())
+        message.topic.name = topic
+        message.system_properties.message_group = group
+        message.system_properties.message_type = definition.MessageType.FIFO
+    bad = request.messages.add(body=b"")
+    bad.topic.name = topic
+    with grpc.insecure_channel(broker.address) as channel:
+        answer = MessagingServiceStub(channel).SendMessage(request)
+    assert answer.status.code == definition.Code.MULTIPLE_RESULTS and "1 of 5" in answer.status.message
+    assert [e.status.code for e in answer.entries] == [definition.Code.OK] * 4 + [definition.Code.MESSAGE_BODY_EMPTY]
+    deliveries = []
+    for queue_id, rows in sorted(stored_events(broker.address, topic).items()):
+        for row in rows:
+            assert queue_id == queue_for_key(row["key"], QUEUES)
+            body = json.loads(row["body"])
+            deliveries.append(Delivery(body["key"], body["seq"], "pull", queue_id, row["queue_offset"]))
+    verdict = check([Send(g, s, True) for g in "ab" for s in range(2)], deliveries)
+    assert verdict.ok and verdict.deliveries == 4, str(verdict)
