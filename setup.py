@@ -45,6 +45,7 @@ setup(
             "ruff>=0.6",
             "mfusepy>=3.1.1,<4",  # the power-loss file system (tests/faults/lazyfs.py), on Debian's libfuse3
             "selenium>=4.30,<5",  # drives Debian's chromium + chromium-driver in the console tests (make browser)
+            "cryptography>=42,<51",  # a throwaway CA for the TLS tests (tests/security/pki.py) and bench/security.py
         ],
     },
     entry_points={

@@ -26,6 +26,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--port-file", type=Path, help="write the bound port here once serving (for scripts)")
     parser.add_argument("--log-level", help="DEBUG, INFO, WARNING, ...")
     parser.add_argument("--log-format", choices=LOG_FORMATS, help="text (default) or json: one JSON object per line")
+    security = parser.add_argument_group("security (docs/security.md); `orderlymq-broker acl --help` manages users")
+    security.add_argument("--tls-cert-file", help="PEM certificate chain: serve TLS (with --tls-key-file)")
+    security.add_argument("--tls-key-file", help="PEM private key of --tls-cert-file")
+    security.add_argument("--tls-client-ca-file", help="PEM CA of client certificates: require mutual TLS")
+    security.add_argument("--acl-file", help="users and rules (TOML): authenticate and authorize every call")
+    security.add_argument("--allow-insecure-remote", action="store_true", default=None,
+                          help="listen on a non-loopback --host without TLS and ACL anyway")
     return parser.parse_args(argv)
 
 
@@ -34,6 +41,8 @@ def load_config(args: argparse.Namespace) -> BrokerConfig:
     return config.with_overrides(
         host=args.host, port=args.port, data_dir=args.data_dir, flush=args.flush, log_level=args.log_level,
         log_format=args.log_format, metrics_port=args.metrics_port,
+        tls_cert_file=args.tls_cert_file, tls_key_file=args.tls_key_file, tls_client_ca_file=args.tls_client_ca_file,
+        acl_file=args.acl_file, allow_insecure_remote=args.allow_insecure_remote,
     )
 
 
@@ -45,6 +54,11 @@ def _raise_open_file_limit() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["acl"]:  # `orderlymq-broker acl ...`: edit the ACL file, serve nothing
+        from broker.security.cli import main as acl_main
+
+        return acl_main(argv[1:])
     args = parse_args(argv)
     try:
         config = load_config(args)

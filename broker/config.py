@@ -8,6 +8,7 @@ every setting under one ``[broker]`` table, see ``conf/broker.toml``), then comm
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 import re
 from collections.abc import Mapping
@@ -80,6 +81,15 @@ class BrokerConfig:
     log_format : {"text", "json"}
         ``text``: one readable line per record; ``json``: one JSON object per line with ``time``,
         ``level``, ``logger``, ``message`` and ``exception`` (see ``broker.logs``).
+    tls_cert_file, tls_key_file : str
+        PEM certificate chain and private key: serve TLS on the client port ("" serves plaintext).
+    tls_client_ca_file : str
+        PEM of the CA that signs client certificates: mutual TLS, a client without one is refused.
+    acl_file : str
+        TOML of users and rules (``orderlymq-broker acl``): every call must authenticate and is
+        checked against the rules, re-read when the file changes. "" turns access control off.
+    allow_insecure_remote : bool
+        Listen on a non-loopback ``host`` without TLS and ACL anyway (refused otherwise).
     """
 
     host: str = "127.0.0.1"
@@ -104,6 +114,11 @@ class BrokerConfig:
     metrics_port: int = -1
     log_level: str = "INFO"
     log_format: str = "text"
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    tls_client_ca_file: str = ""
+    acl_file: str = ""
+    allow_insecure_remote: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.data_dir, os.PathLike):
@@ -125,6 +140,12 @@ class BrokerConfig:
             raise InvalidOptionError(f"log_level must be one of {', '.join(_LOG_LEVELS)}, got {self.log_level!r}")
         if self.log_format not in LOG_FORMATS:
             raise InvalidOptionError(f"log_format must be one of {', '.join(LOG_FORMATS)}, got {self.log_format!r}")
+        _check_security(self)
+
+    @property
+    def tls(self) -> bool:
+        """Whether the client port serves TLS."""
+        return bool(self.tls_cert_file)
 
     @property
     def data_path(self) -> Path:
@@ -220,6 +241,39 @@ def _check_int(name: str, value: Any, low: int, high: int | None, unit: str) -> 
 def _check_text(name: str, value: Any) -> None:
     if not isinstance(value, str) or not value.strip():
         raise InvalidOptionError(f"{name} must be a non-empty string, got {value!r}")
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to any interface
+
+
+def _check_security(config: BrokerConfig) -> None:
+    for name in ("tls_cert_file", "tls_key_file", "tls_client_ca_file", "acl_file"):
+        if not isinstance(getattr(config, name), str):
+            raise InvalidOptionError(f"{name} must be a file path string, got {getattr(config, name)!r}")
+    if not isinstance(config.allow_insecure_remote, bool):
+        raise InvalidOptionError(f"allow_insecure_remote must be true or false, got {config.allow_insecure_remote!r}")
+    if bool(config.tls_cert_file) != bool(config.tls_key_file):
+        raise InvalidOptionError("tls_cert_file and tls_key_file go together: set both to serve TLS, or neither")
+    if config.tls_client_ca_file and not config.tls_cert_file:
+        raise InvalidOptionError("tls_client_ca_file (mutual TLS) needs tls_cert_file and tls_key_file too")
+    if _is_loopback(config.host) or config.allow_insecure_remote:
+        return
+    # Credentials travel with every call, so off loopback they need TLS as much as the data does.
+    missing = [name for name, value in (("acl_file", config.acl_file), ("tls_cert_file", config.tls_cert_file))
+               if not value]
+    if missing:
+        raise InvalidOptionError(
+            f"host {config.host!r} is reachable from other machines, but {' and '.join(missing)} "
+            f"{'is' if len(missing) == 1 else 'are'} not set: anyone reaching the port could read, write and delete "
+            "topics. Set acl_file and tls_cert_file / tls_key_file (docs/security.md), or set "
+            "allow_insecure_remote = true to accept that"
+        )
 
 
 def _check_names(values: Mapping[str, Any]) -> None:

@@ -10,6 +10,10 @@ cheap and in memory runs on the loop itself, where a round trip is fastest.
 Every failure becomes a precise status with trailing metadata (error kind, next offset) in one
 place, ``_abort``; a malformed request gets INVALID_ARGUMENT naming the expected type, and on a
 ``SendStream`` an error response while the stream stays open.
+
+With ``acl_file`` set, every call is authenticated (``broker.security``) before its request is
+parsed and authorized right after; a ``SendStream`` is authenticated once when it opens and each
+of its requests authorized for its topic. Without it, no access-control code runs at all.
 """
 
 from __future__ import annotations
@@ -30,8 +34,10 @@ from broker.config import BrokerConfig
 from broker.metrics import BrokerMetrics
 from broker.proto import orderlymq_pb2 as pb
 from broker.rocketmq import rocketmq_handler
+from broker.security.guard import AccessGuard
 from broker.service import BrokerService
 from broker.wire.errors import ERROR_KIND_KEY, status_metadata, to_status
+from broker.wire.tls import server_credentials
 
 __all__ = ["BrokerService", "RunningBroker", "start_broker"]
 
@@ -72,11 +78,31 @@ async def _abort_malformed(context: grpc.aio.ServicerContext, raw: bytes, reques
 class _Transport:
     """The async handlers of one ``BrokerService``: where each call runs, and its error mapping."""
 
-    def __init__(self, service: BrokerService, pool: futures.ThreadPoolExecutor) -> None:
+    def __init__(self, service: BrokerService, pool: futures.ThreadPoolExecutor,
+                 guard: AccessGuard | None = None) -> None:
         self.service = service
         self.pool = pool
         self.sends_on_loop = service.config.flush == "async"
         self.metrics = service.metrics
+        self.guard = guard  # None: access control is off
+
+    async def authenticate(self, context: grpc.aio.ServicerContext) -> str:
+        """The caller's user; a first sight of its secret costs a scrypt, so that runs on a thread."""
+        metadata = context.invocation_metadata()
+        user = self.guard.recognise(metadata)
+        return user if user is not None else await self.on_thread(self.guard.authenticate, metadata)
+
+    async def admit(self, context: grpc.aio.ServicerContext, method: str, started: float) -> str:
+        """The caller's user, or the call ends UNAUTHENTICATED before its request is even parsed."""
+        try:
+            return await self.authenticate(context)
+        except Exception as exc:  # noqa: BLE001 - every failure must become a status
+            failure = exc
+        await _abort(context, method, failure, self.metrics, started)
+
+    def visible_topics(self, user: str, answer: pb.ListTopicsResponse) -> pb.ListTopicsResponse:
+        routes = [route for route in answer.topics if self.guard.visible_topic(user, route.topic)]
+        return pb.ListTopicsResponse(topics=routes)
 
     async def on_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
@@ -104,12 +130,17 @@ class _Transport:
 
         async def handler(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
             started = time.perf_counter()
+            user = await self.admit(context, name, started) if self.guard is not None else None
             try:
                 request = request_type.FromString(raw)
             except DecodeError:
                 await _abort_malformed(context, raw, request_type)
             try:
+                if user is not None:
+                    self.guard.authorize(user, name, request)
                 answer = await run(request)
+                if user is not None and name == "ListTopics":
+                    answer = self.visible_topics(user, answer)
                 self.metrics.rpc_done(name, started)
                 return answer
             except Exception as exc:  # noqa: BLE001 - every failure must become a status
@@ -121,11 +152,14 @@ class _Transport:
     async def pull(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         """Checks and reads on a thread; the long-poll wait on the loop, never past the deadline."""
         started = time.perf_counter()
+        user = await self.admit(context, "Pull", started) if self.guard is not None else None
         try:
             request = pb.PullRequest.FromString(raw)
         except DecodeError:
             await _abort_malformed(context, raw, pb.PullRequest)
         try:
+            if user is not None:
+                self.guard.authorize(user, "Pull", request)
             answer = await self._pull(request, context)
             self.metrics.rpc_done("Pull", started)
             return answer
@@ -153,26 +187,29 @@ class _Transport:
     async def send_stream(self, request_iterator, context: grpc.aio.ServicerContext):
         """Answer each request in order; a failed or malformed one gets an error response and the
         stream stays open."""
+        user = await self.admit(context, "SendStream", time.perf_counter()) if self.guard is not None else None
         self.metrics.send_streams.inc()
         try:
             async for raw in request_iterator:
-                yield await self._stream_answer(raw)
+                yield await self._stream_answer(raw, user)
         finally:
             self.metrics.send_streams.dec()
 
-    async def _stream_answer(self, raw: bytes) -> pb.SendResponse:
+    async def _stream_answer(self, raw: bytes, user: str | None) -> pb.SendResponse:
         started = time.perf_counter()
-        answer = await self._stream_request(raw)
+        answer = await self._stream_request(raw, user)
         self.metrics.rpc_done("SendStream", started, _STATUS_NAMES.get(answer.error_code) if answer.error_code else None)
         return answer
 
-    async def _stream_request(self, raw: bytes) -> pb.SendResponse:
+    async def _stream_request(self, raw: bytes, user: str | None) -> pb.SendResponse:
         try:
             request = pb.SendRequest.FromString(raw)
         except DecodeError:
             return pb.SendResponse(error_code=grpc.StatusCode.INVALID_ARGUMENT.value[0],
                                    error_kind="InvalidRequestError", error_message=_malformed(raw, pb.SendRequest))
         try:
+            if user is not None:
+                self.guard.authorize(user, "SendStream", request)
             return await self.send(request)
         except Exception as exc:  # noqa: BLE001 - reported per request, the stream stays open
             code, message, kind = to_status(exc)
@@ -264,11 +301,18 @@ async def _serve(config: BrokerConfig, transport: _Transport) -> tuple[grpc.aio.
         ("grpc.server.max_pending_requests_hard_limit", _MAX_PENDING_CALLS),
     ])
     server.add_generic_rpc_handlers((transport.generic_handler(),))
-    rocketmq = rocketmq_handler(transport.service, transport.pool)  # RocketMQ 5 clients, same port
+    # RocketMQ 5 clients, same port; not under access control (they sign requests their own way),
+    # so not served when it is on.
+    rocketmq = rocketmq_handler(transport.service, transport.pool) if transport.guard is None else None
     if rocketmq is not None:
         server.add_generic_rpc_handlers((rocketmq,))
+    address = f"{config.host}:{config.port}"
     try:
-        port = server.add_insecure_port(f"{config.host}:{config.port}")
+        if config.tls:
+            credentials = server_credentials(config.tls_cert_file, config.tls_key_file, config.tls_client_ca_file or None)
+            port = server.add_secure_port(address, credentials)
+        else:
+            port = server.add_insecure_port(address)
     except RuntimeError:  # gRPC's "Failed to bind": answered below as the OSError callers expect
         port = 0
     if port:
@@ -279,11 +323,12 @@ async def _serve(config: BrokerConfig, transport: _Transport) -> tuple[grpc.aio.
 def start_broker(config: BrokerConfig) -> RunningBroker:
     """Open the data directory (recovering it) and serve on ``config.host:config.port``
     (port 0 picks a free one: read ``.port``)."""
+    guard = AccessGuard(config.acl_file) if config.acl_file else None  # a bad ACL file fails before any open
     service = BrokerService(config)
     pool = futures.ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="orderlymq-rpc")
     loop = _LoopThread()
     try:
-        server, port = loop.call(_serve(config, _Transport(service, pool)))
+        server, port = loop.call(_serve(config, _Transport(service, pool, guard)))
     except BaseException:
         loop.close()
         pool.shutdown()
@@ -306,6 +351,7 @@ def start_broker(config: BrokerConfig) -> RunningBroker:
     stop = threading.Event()
     housekeeper = threading.Thread(target=service.housekeeping, args=(stop,), name="orderlymq-housekeeping", daemon=True)
     housekeeper.start()
-    log.info("broker %s listening on %s:%d (data %s, flush=%s)", config.broker_name, config.host, port,
-             config.data_dir, config.flush)
+    log.info("broker %s listening on %s:%d (data %s, flush=%s, %s, %s)", config.broker_name, config.host, port,
+             config.data_dir, config.flush, "mutual TLS" if config.tls_client_ca_file else "TLS" if config.tls
+             else "plaintext", f"ACL {config.acl_file}" if guard else "no access control")
     return RunningBroker(server, service, config, port, stop, housekeeper, loop, pool, metrics_port)

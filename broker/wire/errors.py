@@ -21,6 +21,8 @@
      ├── RequestTooLargeError          RESOURCE_EXHAUSTED
      ├── DiskFullError                 RESOURCE_EXHAUSTED (no space in the data dir; nothing was stored)
      ├── TopicGrewError                FAILED_PRECONDITION (sink: queue count changed mid-stream)
+     ├── UnauthenticatedError          UNAUTHENTICATED (no, unknown or wrong credentials)
+     ├── PermissionDeniedError         PERMISSION_DENIED (the user may not do this to that resource)
      ├── BrokerUnavailableError (ConnectionError)  UNAVAILABLE / DEADLINE_EXCEEDED
      │    └── SendOutcomeUnknownError  (client-side: a send reached the wire, its answer did not)
      └── InternalBrokerError           INTERNAL
@@ -51,6 +53,7 @@ __all__ = [
     "MessagesLostError",
     "OffsetOutOfRangeError",
     "OrderlyMQError",
+    "PermissionDeniedError",
     "QueueOutOfRangeError",
     "RequestTooLargeError",
     "SendOutcomeUnknownError",
@@ -59,6 +62,7 @@ __all__ = [
     "TopicNotFoundError",
     "TransactionError",
     "TransactionNotFoundError",
+    "UnauthenticatedError",
     "error_class_for_kind",
     "from_rpc_error",
     "from_status",
@@ -191,6 +195,18 @@ class TopicGrewError(OrderlyMQError):
     code = grpc.StatusCode.FAILED_PRECONDITION
 
 
+class UnauthenticatedError(OrderlyMQError):
+    """The call carried no credentials, an unknown access key or a wrong secret."""
+
+    code = grpc.StatusCode.UNAUTHENTICATED
+
+
+class PermissionDeniedError(OrderlyMQError):
+    """The authenticated user lacks the right (publish, subscribe, admin) on the resource."""
+
+    code = grpc.StatusCode.PERMISSION_DENIED
+
+
 class BrokerUnavailableError(OrderlyMQError, ConnectionError):
     code = grpc.StatusCode.UNAVAILABLE
 
@@ -253,8 +269,8 @@ _CLASS_FOR_CODE = {
     grpc.StatusCode.UNKNOWN: InternalBrokerError,
     grpc.StatusCode.UNIMPLEMENTED: InternalBrokerError,
     grpc.StatusCode.DATA_LOSS: DamagedRecordError,
-    grpc.StatusCode.PERMISSION_DENIED: InternalBrokerError,
-    grpc.StatusCode.UNAUTHENTICATED: InternalBrokerError,
+    grpc.StatusCode.PERMISSION_DENIED: PermissionDeniedError,
+    grpc.StatusCode.UNAUTHENTICATED: UnauthenticatedError,
 }
 
 

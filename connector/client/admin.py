@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from connector.client.connection import BrokerConnection, pb
+from connector.client.connection import BrokerConnection, Credentials, TlsOptions, pb
 
 __all__ = ["Admin", "GroupOffset", "GroupState", "LockHolder", "OpenTransaction", "QueueProgress", "QueueStatus",
            "TopicInfo"]
@@ -119,10 +119,15 @@ class Admin:
         ``"host:port[,host:port]"``.
     timeout, retry_timeout : float
         Seconds per RPC attempt, and how long an unreachable broker is retried.
+    tls, credentials : TlsOptions, Credentials, optional
+        TLS to the broker, and the access key / secret of a broker with access control
+        (docs/security.md); credentials default to ORDERLYMQ_ACCESS_KEY / ORDERLYMQ_SECRET_KEY.
     """
 
-    def __init__(self, brokers: str, *, timeout: float = 10.0, retry_timeout: float = 30.0) -> None:
-        self.connection = BrokerConnection(brokers, timeout=timeout, retry_timeout=retry_timeout)
+    def __init__(self, brokers: str, *, timeout: float = 10.0, retry_timeout: float = 30.0,
+                 tls: TlsOptions | None = None, credentials: Credentials | None = None) -> None:
+        self.connection = BrokerConnection(brokers, timeout=timeout, retry_timeout=retry_timeout, tls=tls,
+                                           credentials=credentials)
 
     def _call(self, method: str, request, *, retry: bool = True):
         return self.connection.call(method, request, retry=retry)

@@ -16,9 +16,12 @@ import grpc
 
 from broker.proto import orderlymq_pb2 as pb
 from broker.proto import orderlymq_pb2_grpc as pb_grpc
+from broker.wire.credentials import Credentials
 from broker.wire.errors import BrokerUnavailableError, InvalidOptionError, from_rpc_error
+from broker.wire.tls import TlsOptions, channel_credentials, channel_options
 
-__all__ = ["MAX_MESSAGE_BYTES", "BrokerConnection", "parse_brokers", "pb"]
+__all__ = ["MAX_MESSAGE_BYTES", "BrokerConnection", "Credentials", "TlsOptions", "open_channel", "parse_brokers",
+           "pb"]
 
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 CHANNEL_OPTIONS = [
@@ -43,6 +46,13 @@ def parse_brokers(brokers: str) -> list[str]:
     return out
 
 
+def open_channel(address: str, tls: TlsOptions | None = None) -> grpc.Channel:
+    """A channel to ``address``: TLS when ``tls`` is given, plaintext otherwise."""
+    if tls is None:
+        return grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+    return grpc.secure_channel(address, channel_credentials(tls), options=CHANNEL_OPTIONS + channel_options(tls))
+
+
 class BrokerConnection:
     """A channel to the first reachable broker of ``brokers``; thread-safe, cheap to share.
 
@@ -54,12 +64,21 @@ class BrokerConnection:
         Deadline in seconds of one RPC attempt (long polls add their wait to it).
     retry_timeout : float
         How long retryable calls keep retrying an unavailable broker before giving up.
+    tls : TlsOptions, optional
+        Connect over TLS, verifying the broker (and presenting a client certificate if given).
+    credentials : Credentials, optional
+        Access key and secret sent with every call to a broker with access control; by default
+        those of ``ORDERLYMQ_ACCESS_KEY`` / ``ORDERLYMQ_SECRET_KEY`` when set.
     """
 
-    def __init__(self, brokers: str, *, timeout: float = 30.0, retry_timeout: float = 30.0) -> None:
+    def __init__(self, brokers: str, *, timeout: float = 30.0, retry_timeout: float = 30.0,
+                 tls: TlsOptions | None = None, credentials: Credentials | None = None) -> None:
         self.addresses = parse_brokers(brokers)
         self.timeout = timeout
         self.retry_timeout = retry_timeout
+        self.tls = tls
+        self.credentials = credentials if credentials is not None else Credentials.from_environment()
+        self.metadata = self.credentials.metadata() if self.credentials is not None else None
         self._lock = threading.Lock()
         self._index = 0
         self._channel: grpc.Channel | None = None
@@ -73,7 +92,7 @@ class BrokerConnection:
     def stub(self) -> pb_grpc.OrderlyMQStub:
         with self._lock:
             if self._stub is None:
-                self._channel = grpc.insecure_channel(self.address, options=CHANNEL_OPTIONS)
+                self._channel = open_channel(self.address, self.tls)
                 self._stub = pb_grpc.OrderlyMQStub(self._channel)
             return self._stub
 
@@ -107,7 +126,7 @@ class BrokerConnection:
             if deadline is not None:
                 attempt = max(min(attempt, deadline - time.monotonic()), 0.001)
             try:
-                return getattr(self.stub, method)(request, timeout=attempt)
+                return getattr(self.stub, method)(request, timeout=attempt, metadata=self.metadata)
             except grpc.RpcError as err:
                 error = from_rpc_error(err)
                 if not (retry and isinstance(error, BrokerUnavailableError)):
@@ -125,7 +144,7 @@ class BrokerConnection:
     def stream(self, method: str, requests, *, timeout: float | None = None):
         """Open a bidirectional stream (``SendStream``); errors on iteration are translated."""
         try:
-            yield from getattr(self.stub, method)(requests, timeout=timeout)
+            yield from getattr(self.stub, method)(requests, timeout=timeout, metadata=self.metadata)
         except grpc.RpcError as err:
             raise from_rpc_error(err) from None
 
@@ -143,7 +162,9 @@ class BrokerConnection:
 
     def __getstate__(self) -> dict:
         # Picklable for Spark: ship the addresses, reopen the channel on the other side.
-        return {"addresses": self.addresses, "timeout": self.timeout, "retry_timeout": self.retry_timeout}
+        return {"addresses": self.addresses, "timeout": self.timeout, "retry_timeout": self.retry_timeout,
+                "tls": self.tls, "credentials": self.credentials}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(",".join(state["addresses"]), timeout=state["timeout"], retry_timeout=state["retry_timeout"])
+        self.__init__(",".join(state["addresses"]), timeout=state["timeout"], retry_timeout=state["retry_timeout"],
+                      tls=state.get("tls"), credentials=state.get("credentials"))

@@ -93,6 +93,9 @@ class OrderlyConsumer(PushConsumer):
         ``first_kept``, ``lost``) when retention removed messages of a queue before they were
         consumed; when it returns, the queue continues at ``first_kept``. Without it (default) such a
         queue stops being consumed, and the error is logged and listed in ``data_losses``.
+    tls, credentials : TlsOptions, Credentials, optional
+        TLS to the broker, and the access key / secret of a broker with access control
+        (docs/security.md); credentials default to ORDERLYMQ_ACCESS_KEY / ORDERLYMQ_SECRET_KEY.
     """
 
     orderly = True

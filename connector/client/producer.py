@@ -45,7 +45,7 @@ from broker.wire.errors import (
     TopicNotFoundError,
 )
 from broker.wire.routing import queue_for_key
-from connector.client.connection import BrokerConnection
+from connector.client.connection import BrokerConnection, Credentials, TlsOptions
 from connector.client.messages import Message, MessageQueue, SendResult
 from connector.client.routes import RouteCache
 from connector.client.selectors import SELECTORS, QueueSelector, SelectByHash, resolve_selector, select_queue
@@ -104,6 +104,9 @@ class Producer:
         The delivery timeout: every send is answered within this many seconds of the call, route
         lookup included: stored, refused, or failed with ``BrokerUnavailableError`` (not stored) or
         ``SendOutcomeUnknownError`` (may be stored; see ``resolve``).
+    tls, credentials : TlsOptions, Credentials, optional
+        TLS to the broker, and the access key / secret of a broker with access control
+        (docs/security.md); credentials default to ORDERLYMQ_ACCESS_KEY / ORDERLYMQ_SECRET_KEY.
     linger_ms : float
         How long an asynchronous send may wait to be coalesced with others of its queue.
     max_batch_messages, max_batch_bytes : int
@@ -129,8 +132,11 @@ class Producer:
         max_in_flight_per_queue: int = 4,
         max_buffered_messages: int = 100_000,
         route_ttl: float = 30.0,
+        tls: TlsOptions | None = None,
+        credentials: Credentials | None = None,
     ) -> None:
-        self.connection = BrokerConnection(brokers, timeout=timeout, retry_timeout=retry_timeout)
+        self.connection = BrokerConnection(brokers, timeout=timeout, retry_timeout=retry_timeout, tls=tls,
+                                           credentials=credentials)
         self.producer_group = producer_group
         # Unique per instance: sequences restart at 0, so a reused id would look like a resend.
         self.producer_id = f"{producer_group}-{uuid.uuid4().hex}"

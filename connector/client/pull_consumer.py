@@ -16,7 +16,7 @@ import uuid
 
 from broker.wire import codec
 from broker.wire.errors import InvalidOptionError, OrderlyMQError, QueueOutOfRangeError
-from connector.client.connection import BrokerConnection, pb
+from connector.client.connection import BrokerConnection, Credentials, TlsOptions, pb
 from connector.client.locking import lock_queues
 from connector.client.messages import Message, MessageQueue, PullResult
 from connector.client.routes import RouteCache
@@ -45,6 +45,9 @@ class PullConsumer:
         This instance's id in the group (default: host, pid and a random suffix).
     timeout, retry_timeout : float
         Seconds per RPC attempt, and how long an unreachable broker is retried.
+    tls, credentials : TlsOptions, Credentials, optional
+        TLS to the broker, and the access key / secret of a broker with access control
+        (docs/security.md); credentials default to ORDERLYMQ_ACCESS_KEY / ORDERLYMQ_SECRET_KEY.
     """
 
     def __init__(
@@ -55,8 +58,11 @@ class PullConsumer:
         client_id: str | None = None,
         timeout: float = 10.0,
         retry_timeout: float = 30.0,
+        tls: TlsOptions | None = None,
+        credentials: Credentials | None = None,
     ) -> None:
-        self.connection = BrokerConnection(brokers, timeout=timeout, retry_timeout=retry_timeout)
+        self.connection = BrokerConnection(brokers, timeout=timeout, retry_timeout=retry_timeout, tls=tls,
+                                           credentials=credentials)
         self.group = group
         self.client_id = client_id or default_client_id()
         self.routes = RouteCache(self.connection)

@@ -39,7 +39,7 @@ from broker.wire.errors import (
     TopicNotFoundError,
 )
 from broker.wire.tags import parse_tag_expression
-from connector.client.connection import BrokerConnection, pb
+from connector.client.connection import BrokerConnection, Credentials, TlsOptions, pb
 from connector.client.messages import (
     PROPERTY_ORIGIN_OFFSET,
     PROPERTY_ORIGIN_QUEUE_ID,
@@ -103,6 +103,8 @@ class PushConsumer(abc.ABC):
         timeout: float = 10.0,
         retry_timeout: float = 30.0,
         on_data_loss: Callable[[MessagesLostError], None] | None = None,
+        tls: TlsOptions | None = None,
+        credentials: Credentials | None = None,
     ) -> None:
         if not isinstance(group, str) or not _GROUP_NAME.match(group):
             raise InvalidOptionError(f"group must be 1-100 letters, digits, '_', '.', '|' or '-', got {group!r}")
@@ -121,7 +123,8 @@ class PushConsumer(abc.ABC):
         ):
             if not isinstance(value, int) or value < 1:
                 raise InvalidOptionError(f"{name} must be a positive integer, got {value!r}")
-        self.connection = BrokerConnection(brokers, timeout=timeout, retry_timeout=retry_timeout)
+        self.connection = BrokerConnection(brokers, timeout=timeout, retry_timeout=retry_timeout, tls=tls,
+                                           credentials=credentials)
         self.brokers = brokers
         self.group = group
         self.listener = listener
@@ -559,6 +562,8 @@ class PushConsumer(abc.ABC):
                     producer_group=f"{self.group}-sendback",
                     timeout=self.connection.timeout,
                     retry_timeout=self.connection.retry_timeout,
+                    tls=self.connection.tls,
+                    credentials=self.connection.credentials,
                 )
         props = dict(message.properties)
         props.setdefault(PROPERTY_ORIGIN_TOPIC, message.topic)

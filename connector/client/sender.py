@@ -381,7 +381,7 @@ class PipelinedSender:
             for batch in self._in_flight:
                 requests.put(batch)
             self._requests = requests
-            call = self._conn.stub.SendStream(self._iterate(requests))
+            call = self._conn.stub.SendStream(self._iterate(requests), metadata=self._conn.metadata)
             self._call = call
             return call, requests
 

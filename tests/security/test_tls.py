@@ -1,0 +1,92 @@
+"""TLS and mutual TLS on the client port, with a CA made in the test; the config's refusals."""
+
+from __future__ import annotations
+
+import pytest
+
+from broker.config import BrokerConfig
+from broker.wire.errors import BrokerUnavailableError, InvalidOptionError
+from broker.wire.tls import TlsOptions
+from connector.client.admin import Admin
+from connector.client.connection import BrokerConnection, pb
+from connector.client.producer import Producer
+from tests.security.conftest import credentials
+from tests.security.pki import CertificateAuthority
+
+
+def _health(address: str, tls: TlsOptions | None, **kwargs) -> str:
+    with BrokerConnection(address, timeout=5, retry_timeout=1, tls=tls, **kwargs) as conn:
+        return conn.call("Health", pb.HealthRequest()).status
+
+
+def test_tls_broker_serves_a_client_that_trusts_its_ca(broker_factory, pki, topic_name):
+    ca, server, _ = pki
+    broker = broker_factory(tls_cert_file=server.cert_file, tls_key_file=server.key_file)
+    tls = TlsOptions(ca_file=ca.ca_file)
+    assert _health(broker.address, tls) == "SERVING"
+    with Admin(broker.address, tls=tls) as admin:
+        admin.create_topic(topic_name, 2)
+    with Producer(broker.address, tls=tls) as producer:  # SendStream over TLS
+        assert [producer.send(topic_name, f"m{i}", key="k").queue_offset for i in range(5)] == list(range(5))
+
+
+def test_tls_broker_refuses_plaintext_and_an_unknown_ca(broker_factory, pki, tmp_path):
+    ca, server, _ = pki
+    broker = broker_factory(tls_cert_file=server.cert_file, tls_key_file=server.key_file)
+    with pytest.raises(BrokerUnavailableError):
+        _health(broker.address, None)
+    other = CertificateAuthority(tmp_path, "another CA")
+    with pytest.raises(BrokerUnavailableError):
+        _health(broker.address, TlsOptions(ca_file=other.ca_file))
+
+
+def test_mutual_tls_requires_a_client_certificate_from_the_ca(broker_factory, pki, tmp_path):
+    ca, server, client = pki
+    broker = broker_factory(tls_cert_file=server.cert_file, tls_key_file=server.key_file,
+                            tls_client_ca_file=ca.ca_file)
+    with pytest.raises(BrokerUnavailableError):
+        _health(broker.address, TlsOptions(ca_file=ca.ca_file))
+    stranger = CertificateAuthority(tmp_path, "stranger CA").issue("stranger", server=False)
+    with pytest.raises(BrokerUnavailableError):
+        _health(broker.address, TlsOptions(ca_file=ca.ca_file, cert_file=stranger.cert_file,
+                                           key_file=stranger.key_file))
+    good = TlsOptions(ca_file=ca.ca_file, cert_file=client.cert_file, key_file=client.key_file)
+    assert _health(broker.address, good) == "SERVING"
+
+
+def test_tls_and_access_control_together(broker_factory, pki, acl_file):
+    ca, server, _ = pki
+    broker = broker_factory(tls_cert_file=server.cert_file, tls_key_file=server.key_file,
+                            acl_file=str(acl_file.path))
+    assert _health(broker.address, TlsOptions(ca_file=ca.ca_file), credentials=credentials("reader")) == "SERVING"
+
+
+def test_missing_tls_files_name_the_setting(broker_factory, tmp_path):
+    with pytest.raises(InvalidOptionError, match="tls_cert_file: cannot read .*nope.crt"):
+        broker_factory(tls_cert_file=str(tmp_path / "nope.crt"), tls_key_file=str(tmp_path / "nope.key"))
+    with pytest.raises(InvalidOptionError, match="ca_file: cannot read .*missing-ca.pem"):
+        _health("127.0.0.1:1", TlsOptions(ca_file=str(tmp_path / "missing-ca.pem")))
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.1.2.3", "broker.example.com"])
+def test_a_remote_host_needs_acl_and_tls_or_an_explicit_allowance(host):
+    with pytest.raises(InvalidOptionError, match="acl_file and tls_cert_file are not set.*allow_insecure_remote"):
+        BrokerConfig(host=host)
+    with pytest.raises(InvalidOptionError, match="tls_cert_file is not set"):
+        BrokerConfig(host=host, acl_file="acl.toml")
+    assert BrokerConfig(host=host, allow_insecure_remote=True).allow_insecure_remote
+    assert BrokerConfig(host=host, acl_file="acl.toml", tls_cert_file="c", tls_key_file="k").tls
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "::1", "127.0.0.2"])
+def test_loopback_hosts_need_nothing(host):
+    assert BrokerConfig(host=host).host == host
+
+
+def test_tls_settings_go_together():
+    with pytest.raises(InvalidOptionError, match="tls_cert_file and tls_key_file go together"):
+        BrokerConfig(tls_cert_file="c")
+    with pytest.raises(InvalidOptionError, match="tls_client_ca_file .* needs tls_cert_file"):
+        BrokerConfig(tls_client_ca_file="ca")
+    with pytest.raises(InvalidOptionError, match="give both cert_file and key_file"):
+        TlsOptions(cert_file="c")
