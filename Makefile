@@ -9,7 +9,7 @@ export SPARK_LOCAL_IP ?= 127.0.0.1
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: demo test faults fuse browser bench proto constraints lint clean
+.PHONY: demo test faults fuse browser zookeeper bench proto constraints lint clean
 
 # The power-loss scenarios (tests/faults/test_power_loss.py) mount a FUSE file system: Debian's fuse3
 # (fusermount3) and libfuse3, installed once when missing.
@@ -39,10 +39,18 @@ browser:  ## Debian's chromium and chromium-driver for the console tests (nothin
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium chromium-driver >/dev/null; \
 	fi
 
-test: $(STAMP) fuse browser  ## the whole test suite (what CI runs)
+# The broker-group tests (tests/cluster) run Debian's ZooKeeper (Java 17 is present), installed once when missing.
+zookeeper:  ## Debian's ZooKeeper for the cluster tests (nothing to do when present)
+	@if [ ! -f /usr/share/java/zookeeper.jar ]; then \
+		echo "installing Debian's zookeeper (the control plane of broker groups, for the cluster tests)"; \
+		$(SUDO) apt-get update -qq >/dev/null && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq zookeeper >/dev/null; \
+	fi
+
+test: $(STAMP) fuse browser zookeeper  ## the whole test suite (what CI runs)
 	$(PY) -m pytest $(ARGS)
 
-faults: $(STAMP) fuse  ## the long versions of the fault scenarios
+faults: $(STAMP) fuse zookeeper  ## the long versions of the fault scenarios
 	ORDERLYMQ_FAULTS=long $(PY) -m pytest tests/faults $(ARGS)
 
 bench: $(STAMP)  ## benchmarks (Redis Streams and NATS JetStream as peers): a table and bench-results.json

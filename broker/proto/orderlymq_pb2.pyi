@@ -6,6 +6,63 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class QueuePosition(_message.Message):
+    __slots__ = ("topic", "queue_id", "offset")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    queue_id: int
+    offset: int
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
+
+class ReplicaFetch(_message.Message):
+    __slots__ = ("broker_id", "group_epoch", "ends", "offsets_version", "handshake")
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    GROUP_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    ENDS_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_VERSION_FIELD_NUMBER: _ClassVar[int]
+    HANDSHAKE_FIELD_NUMBER: _ClassVar[int]
+    broker_id: int
+    group_epoch: int
+    ends: _containers.RepeatedCompositeFieldContainer[QueuePosition]
+    offsets_version: int
+    handshake: bool
+    def __init__(self, broker_id: _Optional[int] = ..., group_epoch: _Optional[int] = ..., ends: _Optional[_Iterable[_Union[QueuePosition, _Mapping]]] = ..., offsets_version: _Optional[int] = ..., handshake: _Optional[bool] = ...) -> None: ...
+
+class ReplicaRecords(_message.Message):
+    __slots__ = ("topic", "queue_id", "frames")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    FRAMES_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    queue_id: int
+    frames: bytes
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., frames: _Optional[bytes] = ...) -> None: ...
+
+class ReplicaData(_message.Message):
+    __slots__ = ("group_epoch", "topics", "records", "offsets_version", "offsets", "epoch_history")
+    class TopicsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    GROUP_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_VERSION_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_HISTORY_FIELD_NUMBER: _ClassVar[int]
+    group_epoch: int
+    topics: _containers.ScalarMap[str, int]
+    records: _containers.RepeatedCompositeFieldContainer[ReplicaRecords]
+    offsets_version: int
+    offsets: bytes
+    epoch_history: bytes
+    def __init__(self, group_epoch: _Optional[int] = ..., topics: _Optional[_Mapping[str, int]] = ..., records: _Optional[_Iterable[_Union[ReplicaRecords, _Mapping]]] = ..., offsets_version: _Optional[int] = ..., offsets: _Optional[bytes] = ..., epoch_history: _Optional[bytes] = ...) -> None: ...
+
 class TopicRoute(_message.Message):
     __slots__ = ("topic", "broker_name", "queue_count")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
@@ -339,14 +396,20 @@ class HealthRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class HealthResponse(_message.Message):
-    __slots__ = ("status", "broker_name", "version")
+    __slots__ = ("status", "broker_name", "version", "role", "master_address", "group_epoch")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    MASTER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    GROUP_EPOCH_FIELD_NUMBER: _ClassVar[int]
     status: str
     broker_name: str
     version: str
-    def __init__(self, status: _Optional[str] = ..., broker_name: _Optional[str] = ..., version: _Optional[str] = ...) -> None: ...
+    role: str
+    master_address: str
+    group_epoch: int
+    def __init__(self, status: _Optional[str] = ..., broker_name: _Optional[str] = ..., version: _Optional[str] = ..., role: _Optional[str] = ..., master_address: _Optional[str] = ..., group_epoch: _Optional[int] = ...) -> None: ...
 
 class ListGroupsRequest(_message.Message):
     __slots__ = ()

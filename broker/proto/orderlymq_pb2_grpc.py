@@ -1052,3 +1052,84 @@ class OrderlyMQ:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class ReplicationStub:
+    """Internal to a broker group (docs/cluster.md): a slave copies its master. The slave sends where
+    its copy stands, the master answers with what follows (records as stored, and the state
+    consumers depend on), waiting briefly when there is nothing new; the next fetch acknowledges it.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Replicate = channel.stream_stream(
+                '/orderlymq.v1.Replication/Replicate',
+                request_serializer=broker_dot_proto_dot_orderlymq__pb2.ReplicaFetch.SerializeToString,
+                response_deserializer=broker_dot_proto_dot_orderlymq__pb2.ReplicaData.FromString,
+                _registered_method=True)
+
+
+class ReplicationServicer:
+    """Internal to a broker group (docs/cluster.md): a slave copies its master. The slave sends where
+    its copy stands, the master answers with what follows (records as stored, and the state
+    consumers depend on), waiting briefly when there is nothing new; the next fetch acknowledges it.
+    """
+
+    def Replicate(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_ReplicationServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Replicate': grpc.stream_stream_rpc_method_handler(
+                    servicer.Replicate,
+                    request_deserializer=broker_dot_proto_dot_orderlymq__pb2.ReplicaFetch.FromString,
+                    response_serializer=broker_dot_proto_dot_orderlymq__pb2.ReplicaData.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'orderlymq.v1.Replication', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('orderlymq.v1.Replication', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Replication:
+    """Internal to a broker group (docs/cluster.md): a slave copies its master. The slave sends where
+    its copy stands, the master answers with what follows (records as stored, and the state
+    consumers depend on), waiting briefly when there is nothing new; the next fetch acknowledges it.
+    """
+
+    @staticmethod
+    def Replicate(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/orderlymq.v1.Replication/Replicate',
+            broker_dot_proto_dot_orderlymq__pb2.ReplicaFetch.SerializeToString,
+            broker_dot_proto_dot_orderlymq__pb2.ReplicaData.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from broker.persist import disk_full_as_error, fsync_dir
 from broker.storage.arrivals import Arrivals
-from broker.storage.record import frame, parse_header, producer_hash
+from broker.storage.record import HEADER, frame, parse_header, producer_hash
 from broker.storage.segment import CutReport, Segment
 from broker.wire import codec
 from broker.wire.errors import DamagedRecordError, OffsetOutOfRangeError, TopicNotFoundError
@@ -180,6 +180,77 @@ class QueueLog:
                 self._remember(phash, sequence, result)
             self._appended.notify_all()
             return result
+
+    # -- replication ---------------------------------------------------------------------------
+
+    def read_frames(self, offset: int, max_bytes: int) -> tuple[bytes, int]:
+        """Whole framed records from ``offset`` (a record boundary) on, as stored, up to about
+        ``max_bytes``; returns them and the offset after them. What a slave appends verbatim."""
+        self.check_offset(offset)
+        end = self.max_offset
+        frames: list[bytes] = []
+        size, position = 0, offset
+        for seg in list(self.segments):
+            if seg.next_offset <= position or position >= end:
+                continue
+            for header, body in seg.records_from(position):
+                if header.base_offset >= end:
+                    break
+                if header.base_offset != position:
+                    raise OffsetOutOfRangeError(f"offset {position} of queue {self._name} is inside a record; "
+                                                f"replicas fetch from record boundaries")
+                frames.append(frame(body, header.base_offset, header.count, header.store_ts,
+                                    header.producer_hash, header.sequence))
+                size += header.size
+                position = header.next_offset
+                if size >= max_bytes:
+                    return b"".join(frames), position
+        return b"".join(frames), position
+
+    def append_frames(self, frames: bytes) -> int:
+        """Append records framed by the master, at the offsets they carry (which must continue
+        this log); their producer ids join the idempotence state. Returns the new end offset."""
+        view = memoryview(frames)
+        with self._lock:
+            if self._closed:
+                raise self._deleted()
+            at = 0
+            while at < len(view):
+                header = parse_header(bytes(view[at:at + HEADER.size]))
+                if header is None or header.base_offset != self.max_offset:
+                    raise DamagedRecordError(
+                        f"replicated record at byte {at} of a batch for queue {self._name} does not continue the "
+                        f"log at offset {self.max_offset}", self.max_offset)
+                framed = bytes(view[at:at + header.size])
+                active = self.segments[-1]
+                with disk_full_as_error(self.data_dir, f"replicate {header.count} message(s) into queue {self._name}"):
+                    if active.size and active.size + len(framed) > self.segment_bytes:
+                        active = self._roll()
+                    active.append(framed, header, sync=self.sync)
+                if header.producer_hash:
+                    self._remember(header.producer_hash, header.sequence,
+                                   AppendResult(header.base_offset, header.count, header.store_ts))
+                at += header.size
+            if not self.sync:
+                self.dirty = True
+            self._appended.notify_all()
+            return self.max_offset
+
+    def truncate(self, offset: int) -> int:
+        """Drop every message from ``offset`` on (a replica's tail its group's master never had);
+        the idempotence state is rebuilt from what stays. Returns the new end offset."""
+        with self._lock:
+            if offset >= self.max_offset:
+                return self.max_offset
+            while len(self.segments) > 1 and self.segments[-1].base_offset >= offset:
+                self.segments.pop().delete()
+            self.segments[-1].truncate_at(offset)
+            self._producers.clear()
+            for seg in self.segments[-2:]:
+                self._rebuild_producers(seg)
+            log.warning("queue %s truncated to offset %d: the tail past it was never in its group", self._name,
+                        self.max_offset)
+            return self.max_offset
 
     def _deleted(self) -> TopicNotFoundError:
         return TopicNotFoundError(f"queue {self._name} was deleted with its topic; create the topic again to use it")

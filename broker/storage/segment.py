@@ -292,6 +292,20 @@ class Segment:
             position += header.size
         return None
 
+    def truncate_at(self, offset: int) -> None:
+        """Cut every record from the one holding ``offset`` on (a replica dropping a tail its
+        group never had); the index is rebuilt by a scan, its file is stale and removed."""
+        position = 0
+        while position < self.size:
+            header = parse_header(os.pread(self.fd, HEADER.size, position))
+            if header is None or header.next_offset > offset:
+                break
+            position += header.size
+        os.ftruncate(self.fd, position)
+        os.fsync(self.fd)
+        self.index_path.unlink(missing_ok=True)
+        self.recover(verify_crc=False)
+
     def producer_states(self):
         """Yield ``(producer_hash, sequence, header)`` of records with a producer, in order."""
         position = 0

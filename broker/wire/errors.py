@@ -24,7 +24,10 @@
      ├── UnauthenticatedError          UNAUTHENTICATED (no, unknown or wrong credentials)
      ├── PermissionDeniedError         PERMISSION_DENIED (the user may not do this to that resource)
      ├── BrokerUnavailableError (ConnectionError)  UNAVAILABLE / DEADLINE_EXCEEDED
-     │    └── SendOutcomeUnknownError  (client-side: a send reached the wire, its answer did not)
+     │    ├── SendOutcomeUnknownError  (client-side: a send reached the wire, its answer did not)
+     │    ├── NotMasterError           (a slave of a broker group, or a master that lost its role;
+     │    │                             ``master`` names the group's master when known)
+     │    └── ReplicationTimeoutError  (a sync send stored but not replicated in time: resend it)
      └── InternalBrokerError           INTERNAL
 
 The broker raises these; ``to_status`` turns one into (code, message, kind) and
@@ -50,11 +53,14 @@ __all__ = [
     "InvalidOptionError",
     "InvalidRequestError",
     "LockUnavailableError",
+    "MASTER_KEY",
     "MessagesLostError",
+    "NotMasterError",
     "OffsetOutOfRangeError",
     "OrderlyMQError",
     "PermissionDeniedError",
     "QueueOutOfRangeError",
+    "ReplicationTimeoutError",
     "RequestTooLargeError",
     "SendOutcomeUnknownError",
     "TopicExistsError",
@@ -72,6 +78,7 @@ __all__ = [
 
 ERROR_KIND_KEY = "orderlymq-error"
 NEXT_OFFSET_KEY = "orderlymq-next-offset"
+MASTER_KEY = "orderlymq-master"
 
 
 class OrderlyMQError(Exception):
@@ -233,6 +240,20 @@ class SendOutcomeUnknownError(BrokerUnavailableError):
         self.count = count
 
 
+class NotMasterError(BrokerUnavailableError):
+    """This broker is not its group's master: nothing was done; send the request to ``master``
+    (``host:port``, "" while the group elects one)."""
+
+    def __init__(self, message: str, master: str = "") -> None:
+        super().__init__(message)
+        self.master = master
+
+
+class ReplicationTimeoutError(BrokerUnavailableError):
+    """A send was stored by the master but not by its sync-state set in time, so it was not
+    acknowledged; resend it with the same producer id and sequence (it is stored at most once)."""
+
+
 class InternalBrokerError(OrderlyMQError):
     code = grpc.StatusCode.INTERNAL
 
@@ -287,10 +308,13 @@ def status_metadata(exc: BaseException) -> tuple[tuple[str, str], ...]:
     pairs = [(ERROR_KIND_KEY, kind)]
     if isinstance(exc, DamagedRecordError) and exc.next_offset >= 0:
         pairs.append((NEXT_OFFSET_KEY, str(exc.next_offset)))
+    if isinstance(exc, NotMasterError) and exc.master:
+        pairs.append((MASTER_KEY, exc.master))
     return tuple(pairs)
 
 
-def from_status(code: grpc.StatusCode, message: str, kind: str = "", next_offset: int = -1) -> OrderlyMQError:
+def from_status(code: grpc.StatusCode, message: str, kind: str = "", next_offset: int = -1,
+                master: str = "") -> OrderlyMQError:
     """The error a client raises for a failed call: the precise class when the broker named it."""
     cls = error_class_for_kind(kind) if kind else None
     if cls is None:
@@ -299,6 +323,8 @@ def from_status(code: grpc.StatusCode, message: str, kind: str = "", next_offset
         message = "broker unavailable"
     if issubclass(cls, DamagedRecordError):
         return cls(message, next_offset)
+    if issubclass(cls, NotMasterError):
+        return cls(message, master)
     return cls(message)
 
 
@@ -315,4 +341,5 @@ def from_rpc_error(err: grpc.RpcError) -> OrderlyMQError:
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) and not kind:
         message = f"broker unavailable ({code.name}): {message}"
     next_offset = metadata.get(NEXT_OFFSET_KEY, "")
-    return from_status(code, message or "", kind, int(next_offset) if next_offset.isdigit() else -1)
+    return from_status(code, message or "", kind, int(next_offset) if next_offset.isdigit() else -1,
+                       metadata.get(MASTER_KEY, ""))

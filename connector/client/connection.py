@@ -17,7 +17,7 @@ import grpc
 from broker.proto import orderlymq_pb2 as pb
 from broker.proto import orderlymq_pb2_grpc as pb_grpc
 from broker.wire.credentials import Credentials
-from broker.wire.errors import BrokerUnavailableError, InvalidOptionError, from_rpc_error
+from broker.wire.errors import BrokerUnavailableError, InvalidOptionError, NotMasterError, from_rpc_error
 from broker.wire.tls import TlsOptions, channel_credentials, channel_options
 
 __all__ = ["MAX_MESSAGE_BYTES", "BrokerConnection", "Credentials", "TlsOptions", "open_channel", "parse_brokers",
@@ -96,9 +96,20 @@ class BrokerConnection:
                 self._stub = pb_grpc.OrderlyMQStub(self._channel)
             return self._stub
 
-    def _fail_over(self) -> None:
+    def _fail_over(self, error: BaseException | None = None) -> None:
+        """Point the channel at another broker: the master ``error`` names when it is a
+        ``NotMasterError`` (a broker group), else the next address, if any."""
         with self._lock:
-            if len(self.addresses) > 1:
+            master = error.master if isinstance(error, NotMasterError) else ""
+            if master:
+                if master not in self.addresses:
+                    self.addresses.append(master)
+                if self.addresses.index(master) != self._index or self._stub is None:
+                    if self._channel is not None:
+                        self._channel.close()
+                    self._channel = self._stub = None
+                    self._index = self.addresses.index(master)
+            elif len(self.addresses) > 1:
                 if self._channel is not None:
                     self._channel.close()
                 self._channel = self._stub = None
@@ -129,15 +140,22 @@ class BrokerConnection:
                 return getattr(self.stub, method)(request, timeout=attempt, metadata=self.metadata)
             except grpc.RpcError as err:
                 error = from_rpc_error(err)
-                if not (retry and isinstance(error, BrokerUnavailableError)):
+                # A broker group's slave refused before doing anything: any call may go to the master.
+                refused = isinstance(error, NotMasterError)
+                if not (retry and isinstance(error, BrokerUnavailableError)) and not refused:
                     raise error from None
+                if refused and time.monotonic() >= end:
+                    raise error from None
+                if refused and error.master and error.master != self.address:
+                    self._fail_over(error)
+                    continue
                 if time.monotonic() + delay > end:
                     waited = f"{self.retry_timeout:g}s" if deadline is None else "the whole time allowed"
                     raise BrokerUnavailableError(
                         f"broker {self.address} unavailable for {waited} "
                         f"(last error: {error}); is it running? start one with `orderlymq-broker`"
                     ) from None
-                self._fail_over()
+                self._fail_over(error)
                 time.sleep(delay * (0.5 + random.random()))
                 delay = min(delay * 2, 1.0)
 

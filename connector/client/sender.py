@@ -59,6 +59,15 @@ log = logging.getLogger(__name__)
 _STATUS_BY_VALUE = {status.value[0]: status for status in grpc.StatusCode}
 _MAX_SETTLEMENTS = 10_000  # settled outcomes kept for ``settlement`` (oldest dropped)
 _WATCH_INTERVAL_S = 0.5  # the watchdog looks at the deadlines at least this often
+# Answers of a broker group that leave a send to be resent, same producer id and sequence, on a
+# new stream to the master: a slave refused it, or the master lost its role or its slaves before
+# the send was replicated (stored at most once when resent).
+_RESEND_KINDS = frozenset({"NotMasterError", "ReplicationTimeoutError"})
+
+
+def _response_error(response: pb.SendResponse) -> OrderlyMQError:
+    status = _STATUS_BY_VALUE.get(response.error_code, grpc.StatusCode.UNKNOWN)
+    return from_status(status, response.error_message, response.error_kind)
 
 
 @dataclass(eq=False)
@@ -396,6 +405,10 @@ class PipelinedSender:
             try:
                 for response in call:
                     delay = 0.05
+                    if response.error_kind in _RESEND_KINDS:  # nothing stored for good: resend to the master
+                        error = _response_error(response)
+                        call.cancel()
+                        break
                     self._acknowledge(response)
             except grpc.RpcError as err:
                 error = from_rpc_error(err)
@@ -415,7 +428,7 @@ class PipelinedSender:
                 self._expire(error)  # the broker refused the stream itself: resending would not help
                 self._abandon(f"the broker refused the send stream: {error}")
                 continue
-            self._conn._fail_over()  # noqa: SLF001 - the next stream goes to the next address, if any
+            self._conn._fail_over(error)  # noqa: SLF001 - the next stream goes to the master, or the next address
             with self._cond:
                 self._cond.wait(delay * (0.5 + random.random()))
             delay = min(delay * 2, 1.0)
@@ -425,10 +438,7 @@ class PipelinedSender:
             batch = self._in_flight.popleft()
             self._partitions[(batch.topic, batch.queue_id)].in_flight -= 1
             self._cond.notify_all()
-        error = None
-        if response.error_code:
-            status = _STATUS_BY_VALUE.get(response.error_code, grpc.StatusCode.UNKNOWN)
-            error = from_status(status, response.error_message, response.error_kind)
+        error = _response_error(response) if response.error_code else None
         if batch.settled is not None:  # its sends already failed as of unknown outcome: settle it
             if error is not None:
                 batch.settled.set_exception(error)

@@ -33,6 +33,35 @@ def broker_proc(tmp_path):
         proc.kill9()
 
 
+@pytest.fixture
+def zookeeper(tmp_path):
+    """A ZooKeeper server of this test alone (Debian's package: `make zookeeper`), on a free port."""
+    from broker.cluster.zookeeper import ZooKeeperServer, zookeeper_installed
+
+    if not zookeeper_installed():
+        pytest.fail("ZooKeeper is not installed: run `make zookeeper` (make test does)")
+    server = ZooKeeperServer(tmp_path / "zookeeper").start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def broker_group(tmp_path, zookeeper):
+    """``broker_group(size, **settings)`` starts a replicated broker group; all are killed at the end."""
+    from tests.faults.cluster_group import BrokerGroup
+
+    groups = []
+
+    def start(size: int = 2, **settings) -> BrokerGroup:
+        group = BrokerGroup(tmp_path / f"group-{len(groups)}", zookeeper.connect_string, size, **settings)
+        groups.append(group)
+        return group.start()
+
+    yield start
+    for group in groups:
+        group.kill_all()
+
+
 def pytest_terminal_summary(terminalreporter):
     if SUMMARIES:
         terminalreporter.section("fault scenarios")

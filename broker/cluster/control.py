@@ -1,0 +1,187 @@
+"""The group's control plane in ZooKeeper (through kazoo): membership, mastership, sync-state set.
+
+Nodes of group ``G`` in cluster ``C``, under ``/orderlymq/C/groups/G``::
+
+    members/<broker_id>   ephemeral: {"address"}          one per live broker of the group
+    master                ephemeral: {"broker_id", "address"}  held by the master's session
+    state                 persistent: {"epoch", "master", "master_address", "sync_set"}
+
+Consensus is ZooKeeper's: exactly one session can create ``master`` (the election), and ``state``
+changes only by a versioned write (compare-and-set) made by the broker whose session holds
+``master``, so a master cut off from ZooKeeper cannot change it any more. The group epoch grows
+by one with every new master; only members of the sync-state set may campaign, so a new master
+holds every acknowledged send.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kazoo.client import KazooClient, KazooState
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+
+__all__ = ["GroupControl", "GroupState"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GroupState:
+    """The persistent state of a group; ``version`` is ZooKeeper's, for compare-and-set."""
+
+    epoch: int
+    master: int
+    master_address: str
+    sync_set: frozenset[int]
+    version: int = -1
+
+    def encoded(self) -> bytes:
+        return json.dumps({"epoch": self.epoch, "master": self.master, "master_address": self.master_address,
+                           "sync_set": sorted(self.sync_set)}).encode()
+
+    @classmethod
+    def decoded(cls, raw: bytes, version: int) -> GroupState:
+        doc = json.loads(raw)
+        return cls(int(doc["epoch"]), int(doc["master"]), str(doc["master_address"]),
+                   frozenset(int(b) for b in doc["sync_set"]), version)
+
+
+class GroupControl:
+    """One broker's view of its group in ZooKeeper; ``on_change`` is called (on kazoo's thread,
+    so it must only schedule work) whenever anything of the group or the session changes."""
+
+    def __init__(self, hosts: str, cluster: str, group: str, broker_id: int, *, session_timeout_s: float,
+                 on_change: Callable[[], None]) -> None:
+        self.broker_id = broker_id
+        self.root = f"/orderlymq/{cluster}/groups/{group}"
+        self.on_change = on_change
+        self.client = KazooClient(hosts=hosts, timeout=session_timeout_s)
+        self.address = ""
+        self._session_lost = threading.Event()
+        self.client.add_listener(self._on_session)
+
+    # -- session -------------------------------------------------------------------------------
+
+    def start(self, address: str, timeout_s: float = 30.0) -> None:
+        self.address = address
+        self.client.start(timeout=timeout_s)
+        self.client.ensure_path(f"{self.root}/members")
+        self.register()
+        self.client.DataWatch(f"{self.root}/state", lambda *_: self.on_change())
+        self.client.DataWatch(f"{self.root}/master", lambda *_: self.on_change())
+        self.client.ChildrenWatch(f"{self.root}/members", lambda *_: self.on_change())
+
+    @property
+    def connected(self) -> bool:
+        return self.client.state == KazooState.CONNECTED
+
+    def _on_session(self, state: str) -> None:
+        if state == KazooState.LOST:
+            self._session_lost.set()  # our ephemeral nodes are gone: register again once connected
+        log.info("ZooKeeper session %s", state)
+        self.on_change()
+
+    def renew_if_lost(self) -> bool:
+        """Register again after a lost session; True if the session had been lost."""
+        if not self._session_lost.is_set() or not self.connected:
+            return False
+        self._session_lost.clear()
+        self.register()
+        return True
+
+    def register(self) -> None:
+        path = f"{self.root}/members/{self.broker_id}"
+        data = json.dumps({"address": self.address}).encode()
+        try:
+            self.client.create(path, data, ephemeral=True)
+        except NodeExistsError:  # left by this broker's previous process, whose session is ending
+            self.client.delete(path)
+            self.client.create(path, data, ephemeral=True)
+
+    def stop(self) -> None:
+        try:
+            self.client.stop()
+        finally:
+            self.client.close()
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def state(self) -> GroupState | None:
+        try:
+            raw, stat = self.client.get(f"{self.root}/state")
+        except NoNodeError:
+            return None
+        return GroupState.decoded(raw, stat.version)
+
+    def master_holder(self) -> int | None:
+        """The broker id whose session holds ``master``, None when no one does."""
+        try:
+            raw, _ = self.client.get(f"{self.root}/master")
+        except NoNodeError:
+            return None
+        return int(json.loads(raw)["broker_id"])
+
+    def members(self) -> dict[int, str]:
+        out = {}
+        for child in self.client.get_children(f"{self.root}/members"):
+            try:
+                raw, _ = self.client.get(f"{self.root}/members/{child}")
+            except NoNodeError:
+                continue
+            out[int(child)] = json.loads(raw)["address"]
+        return out
+
+    # -- changing ------------------------------------------------------------------------------
+
+    def campaign(self) -> GroupState | None:
+        """Try to become master; the new state (next epoch, a sync-state set of this broker
+        alone) on success, None when another broker holds the role or this one is not eligible."""
+        state = self.state()
+        if state is not None and self.broker_id not in state.sync_set:
+            return None  # it may lack acknowledged sends: only the sync-state set may take over
+        path = f"{self.root}/master"
+        try:
+            self.client.create(path, json.dumps({"broker_id": self.broker_id, "address": self.address}).encode(),
+                               ephemeral=True)
+        except NodeExistsError:
+            return None
+        new = GroupState((state.epoch if state else 0) + 1, self.broker_id, self.address,
+                         frozenset({self.broker_id}))
+        try:
+            if state is None:
+                self.client.create(f"{self.root}/state", new.encoded())
+                return self.state()
+            stat = self.client.set(f"{self.root}/state", new.encoded(), version=state.version)
+        except (BadVersionError, NodeExistsError):
+            self.client.delete(path)  # the state moved under us: give the role back and look again
+            return None
+        return GroupState(new.epoch, new.master, new.master_address, new.sync_set, stat.version)
+
+    def resign_stale_master(self) -> None:
+        """Delete ``master`` if it names this broker but not this process's session (a restart
+        before the dead process's session ended): the dead process cannot act any more."""
+        try:
+            raw, stat = self.client.get(f"{self.root}/master")
+        except NoNodeError:
+            return
+        if int(json.loads(raw)["broker_id"]) == self.broker_id and stat.ephemeralOwner != self.client.client_id[0]:
+            try:
+                self.client.delete(f"{self.root}/master", version=stat.version)
+            except (NoNodeError, BadVersionError):
+                pass
+
+    def change_sync_set(self, expected: GroupState, sync_set: frozenset[int]) -> GroupState | None:
+        """Write a new sync-state set if ``state`` is still ``expected`` (this broker's term);
+        None when it is not any more: this broker must stop acting as master."""
+        if expected.master != self.broker_id:
+            return None
+        new = GroupState(expected.epoch, expected.master, expected.master_address, sync_set)
+        try:
+            stat = self.client.set(f"{self.root}/state", new.encoded(), version=expected.version)
+        except (BadVersionError, NoNodeError):
+            return None
+        return GroupState(new.epoch, new.master, new.master_address, sync_set, stat.version)

@@ -1,0 +1,128 @@
+"""The slave's side of replication: copy the master of one epoch into this broker's store.
+
+A ``ReplicaFetcher`` follows one master at one group epoch. It first asks for the master's epoch
+history and cuts from its queues whatever the master never had (``epochs.truncation_points``),
+then fetches in a loop: each answer is applied (topics, then records at the offsets they carry,
+then committed offsets) before the next fetch reports the new ends, which acknowledges them.
+It stops when told to (another master, another epoch) and retries a broken stream until then.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue as queue_mod
+import threading
+
+import grpc
+
+from broker.cluster.epochs import EpochHistory, queue_key, truncation_points
+from broker.proto import orderlymq_pb2 as pb
+from broker.proto import orderlymq_pb2_grpc as pb_grpc
+from broker.service import BrokerService
+from broker.wire.errors import OrderlyMQError
+
+__all__ = ["ReplicaFetcher"]
+
+log = logging.getLogger(__name__)
+
+_RETRY_S = 0.2
+_ANSWER_TIMEOUT_S = 5.0  # the master answers an idle fetch within half a second
+
+
+class ReplicaFetcher(threading.Thread):
+    """Copies the master at ``master_address`` of ``epoch`` until ``stop()``."""
+
+    def __init__(self, service: BrokerService, history: EpochHistory, broker_id: int, master_address: str,
+                 epoch: int) -> None:
+        super().__init__(name=f"orderlymq-replica-of-{master_address}", daemon=True)
+        self.service = service
+        self.history = history
+        self.broker_id = broker_id
+        self.master_address = master_address
+        self.epoch = epoch
+        self._stopped = threading.Event()
+        self._call: grpc.Future | None = None
+        self._offsets_version = 0
+        self.applied = threading.Event()  # set once a first answer was applied (tests, status)
+
+    def stop(self) -> None:
+        self._stopped.set()
+        call = self._call
+        if call is not None:
+            call.cancel()
+        self.join(timeout=10)
+
+    def run(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                self._follow()
+            except grpc.RpcError as err:
+                if not self._stopped.is_set():
+                    log.info("replication from %s: %s; retrying", self.master_address, err.details() or err.code())
+            except (OrderlyMQError, OSError) as exc:
+                log.warning("replication from %s failed: %s; retrying", self.master_address, exc)
+            except Exception:  # noqa: BLE001 - the fetcher must outlive any one bad answer
+                log.exception("replication from %s failed; retrying", self.master_address)
+            self._stopped.wait(_RETRY_S)
+
+    def _follow(self) -> None:
+        requests: queue_mod.SimpleQueue = queue_mod.SimpleQueue()
+        with grpc.insecure_channel(self.master_address, options=[("grpc.max_receive_message_length", 256 << 20)]) \
+                as channel:
+            call = pb_grpc.ReplicationStub(channel).Replicate(iter(requests.get, None))
+            self._call = call
+            try:
+                if self._stopped.is_set():
+                    return
+                requests.put(pb.ReplicaFetch(broker_id=self.broker_id, group_epoch=self.epoch, handshake=True))
+                self._truncate(json.loads(next(call).epoch_history))
+                while not self._stopped.is_set():
+                    requests.put(self._fetch())
+                    self._apply(next(call))
+                    self.applied.set()
+            finally:
+                requests.put(None)
+                call.cancel()
+                self._call = None
+
+    def _ends(self) -> dict[str, int]:
+        store = self.service.store
+        return {queue_key(t, q): store.queue(t, q).max_offset for t, n in store.topics().items() for q in range(n)}
+
+    def _truncate(self, master_history: list) -> None:
+        """Cut what the master never had, then adopt its history (in that order: a crash in
+        between cuts again, never keeps a tail)."""
+        store = self.service.store
+        for key, offset in truncation_points(self.history.epoch, self._ends(), master_history).items():
+            topic, _, queue_id = key.rpartition("/")
+            store.queue(topic, int(queue_id)).truncate(offset)
+        self.history.follow(self.epoch, master_history)
+
+    def _fetch(self) -> pb.ReplicaFetch:
+        ends = [pb.QueuePosition(topic=key.rpartition("/")[0], queue_id=int(key.rpartition("/")[2]), offset=end)
+                for key, end in self._ends().items()]
+        return pb.ReplicaFetch(broker_id=self.broker_id, group_epoch=self.epoch, ends=ends,
+                               offsets_version=self._offsets_version)
+
+    def _apply(self, answer: pb.ReplicaData) -> None:
+        self._apply_topics(dict(answer.topics))
+        store = self.service.store
+        for records in answer.records:
+            store.queue(records.topic, records.queue_id).append_frames(records.frames)
+        if answer.offsets:
+            self.service.offsets.replace([tuple(row) for row in json.loads(answer.offsets)])
+            self._offsets_version = answer.offsets_version
+
+    def _apply_topics(self, topics: dict[str, int]) -> None:
+        store, service = self.service.store, self.service
+        mine = store.topics()
+        for topic in mine.keys() - topics.keys():
+            service.offsets.drop_topic(topic)
+            service.locks.drop_topic(topic)
+            store.delete_topic(topic)
+        for topic, count in topics.items():
+            if topic not in mine:
+                store.create_topic(topic, count)
+            elif count > mine[topic]:
+                store.grow_topic(topic, count)

@@ -1,0 +1,187 @@
+"""A broker's role in its group: master, slave or electing, and every change between them.
+
+One thread (``orderlymq-cluster``) makes every decision, woken by any change ZooKeeper reports
+and every ``_TICK_S`` otherwise, so roles never change concurrently:
+
+- a master checks that ZooKeeper still names it master of its epoch, else it steps down at once
+  (its waiting sends fail as not-master, none is acknowledged), and keeps the sync-state set right;
+- a slave follows the master ZooKeeper names, at its epoch;
+- with no master, a member of the sync-state set campaigns; the winner records where its epoch
+  starts, raises the lock epoch floor to ``epoch << 32`` (every queue lock it grants fences
+  every holder of an earlier master) and only then serves.
+
+A broker that is not master refuses every request but ``Health`` with ``NotMasterError`` naming
+the master (``gate.MasterGate``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from broker.cluster.control import GroupControl, GroupState
+from broker.cluster.epochs import EpochHistory, queue_key
+from broker.cluster.follower import ReplicaFetcher
+from broker.cluster.replication import ReplicaSource
+from broker.service import BrokerService
+from broker.wire.errors import NotMasterError
+
+__all__ = ["ClusterNode", "Role"]
+
+log = logging.getLogger(__name__)
+
+_TICK_S = 0.1
+
+
+class Role:
+    MASTER = "MASTER"
+    SLAVE = "SLAVE"
+    ELECTING = "ELECTING"
+
+
+class ClusterNode:
+    """The cluster side of one broker: ZooKeeper control, replication, role changes."""
+
+    def __init__(self, service: BrokerService) -> None:
+        config = service.config
+        self.service = service
+        self.config = config
+        self.broker_id = config.broker_id
+        self.role = Role.ELECTING
+        self.epoch = 0
+        self.master_address = ""
+        self.history = EpochHistory(service.store.data_dir / "cluster-epochs.json")
+        self.source = ReplicaSource(service, self.history, self.broker_id, self.not_master)
+        self.control = GroupControl(config.zookeeper, config.cluster_name, config.broker_name, self.broker_id,
+                                    session_timeout_s=config.zk_session_timeout_ms / 1000, on_change=self._wake_up)
+        self._fetcher: ReplicaFetcher | None = None
+        self._state: GroupState | None = None
+        self._wake = threading.Event()
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="orderlymq-cluster", daemon=True)
+
+    # -- what the service asks -----------------------------------------------------------------
+
+    def not_master(self) -> NotMasterError:
+        where = f"the master is {self.master_address}" if self.master_address else "no master is elected yet"
+        return NotMasterError(
+            f"broker {self.broker_id} of group {self.config.broker_name} is {self.role.lower()}, not master: "
+            f"{where}; send to the master (clients do so by themselves)", self.master_address)
+
+    def require_master(self) -> None:
+        if self.role != Role.MASTER:
+            raise self.not_master()
+
+    def stored(self, topic: str, queue_id: int, end: int) -> None:
+        """After an append: let slaves fetch it; with sync replication, return once replicated."""
+        self.source.changed()
+        if self.config.replication == "sync":
+            self.source.wait_replicated(topic, queue_id, end)
+
+    def changed(self, offsets: bool = False) -> None:
+        self.source.changed(offsets)
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def start(self, address: str) -> None:
+        self.address = self.config.advertised_address or address
+        self.control.start(self.address)
+        self.control.resign_stale_master()
+        self._thread.start()
+        log.info("broker %d of group %s joined cluster %s through ZooKeeper %s", self.broker_id,
+                 self.config.broker_name, self.config.cluster_name, self.config.zookeeper)
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._wake.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+        self._stop_following()
+        self.source.close()
+        self.control.stop()
+
+    def _wake_up(self) -> None:
+        self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stopped.is_set():
+            self._wake.wait(_TICK_S)
+            self._wake.clear()
+            try:
+                self._decide()
+            except Exception:  # noqa: BLE001 - a ZooKeeper hiccup must not end the decisions
+                log.exception("cluster decision failed; retrying")
+                if self.role == Role.MASTER and not self.control.connected:
+                    self._step_down("ZooKeeper unreachable")
+
+    # -- decisions -----------------------------------------------------------------------------
+
+    def _decide(self) -> None:
+        if not self.control.connected:
+            if self.role == Role.MASTER:
+                self._step_down("lost its ZooKeeper connection")
+            return
+        self.control.renew_if_lost()
+        state = self.control.state()
+        holder = self.control.master_holder()
+        if self.role == Role.MASTER:
+            self._check_term(state, holder)
+            return
+        if holder is None:
+            self._stop_following()
+            self.role, self.master_address = Role.ELECTING, ""
+            won = self.control.campaign()
+            if won is not None:
+                self._promote(won)
+        elif state is not None and state.master == holder and holder != self.broker_id:
+            self._follow(state)
+
+    def _check_term(self, state: GroupState | None, holder: int | None) -> None:
+        if state is None or holder != self.broker_id or state.master != self.broker_id or state.epoch != self.epoch:
+            self._step_down("ZooKeeper names another master" if state else "the group state is gone")
+            return
+        self._state = state
+        wanted = self.source.sync_set_change()
+        if wanted is None:
+            return
+        changed = self.control.change_sync_set(state, wanted)
+        if changed is None:
+            self._step_down("its term ended (the group state changed under it)")
+            return
+        self._state = changed
+        self.source.set_sync_set(changed.sync_set)
+
+    def _promote(self, state: GroupState) -> None:
+        store = self.service.store
+        starts = {queue_key(t, q): store.queue(t, q).max_offset for t, n in store.topics().items() for q in range(n)}
+        self.history.begin_term(state.epoch, starts)
+        self.service.locks.raise_floor(state.epoch << 32)
+        self.epoch, self._state = state.epoch, state
+        self.master_address = self.address
+        self.source.activate(state, starts)
+        self.role = Role.MASTER
+        self.service.finish_interrupted_commits()
+        log.warning("broker %d is now master of group %s (epoch %d)", self.broker_id, self.config.broker_name,
+                    state.epoch)
+
+    def _step_down(self, why: str) -> None:
+        self.role, self.master_address = Role.ELECTING, ""
+        self.source.deactivate()
+        log.warning("broker %d stops being master of group %s (epoch %d): %s", self.broker_id,
+                    self.config.broker_name, self.epoch, why)
+
+    def _follow(self, state: GroupState) -> None:
+        fetcher = self._fetcher
+        if fetcher is not None and fetcher.epoch == state.epoch and fetcher.master_address == state.master_address:
+            return
+        self._stop_following()
+        self.epoch, self.master_address, self.role = state.epoch, state.master_address, Role.SLAVE
+        self._fetcher = ReplicaFetcher(self.service, self.history, self.broker_id, state.master_address, state.epoch)
+        self._fetcher.start()
+        log.info("broker %d follows master %d at %s (group %s, epoch %d)", self.broker_id, state.master,
+                 state.master_address, self.config.broker_name, state.epoch)
+
+    def _stop_following(self) -> None:
+        if self._fetcher is not None:
+            self._fetcher.stop()
+            self._fetcher = None

@@ -1,0 +1,274 @@
+"""The master's side of replication: serving slaves' fetches, and acknowledging sync sends.
+
+Each slave holds one ``Replicate`` stream. Its fetches say where its copy of every queue ends;
+the master answers with the records that follow (framed as stored, at the same offsets), the
+topic table and, when newer, the committed offsets. A fetch is also the slave's acknowledgement
+of everything before its ends, and that is what ``wait_replicated`` waits for: with
+``replication = "sync"`` a send is answered once every member of the sync-state set has it and
+the set has at least ``min_sync_replicas`` brokers.
+
+The set changes here, through ``GroupControl`` (a versioned write: only the master of the
+current epoch can make it): a slave not caught up with the master for ``replica_lag_timeout_ms``
+leaves it, so sends do not wait on a dead or slow slave; a slave joins again once its copy holds
+every acknowledged send (the high watermark), so whoever is in the set may become master
+without losing one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent import futures
+from dataclasses import dataclass, field
+
+import grpc
+from google.protobuf.message import DecodeError
+
+from broker.cluster.control import GroupState
+from broker.cluster.epochs import EpochHistory, queue_key
+from broker.proto import orderlymq_pb2 as pb
+from broker.service import BrokerService
+from broker.wire.errors import NotMasterError, ReplicationTimeoutError, to_status
+
+__all__ = ["FETCH_WAIT_S", "ReplicaSource"]
+
+log = logging.getLogger(__name__)
+
+FETCH_WAIT_S = 0.5  # an idle fetch is answered (empty) after this long: the slave's heartbeat
+_MAX_RESPONSE_BYTES = 4 << 20
+
+
+@dataclass
+class _Follower:
+    ends: dict[str, int] = field(default_factory=dict)
+    offsets_version: int = 0
+    connected: bool = False
+    last_caught_up: float = 0.0
+    promised: dict[str, int] | None = None  # the master's ends when it built its last answer
+    promised_at: float = 0.0
+
+
+class ReplicaSource:
+    """Serves a master's slaves; inactive (refusing fetches) while this broker is not master."""
+
+    def __init__(self, service: BrokerService, history: EpochHistory, broker_id: int,
+                 not_master: Callable[[], NotMasterError]) -> None:
+        self.service = service
+        self.config = service.config
+        self.history = history
+        self.broker_id = broker_id
+        self.not_master = not_master
+        self._cond = threading.Condition()
+        self._pool = futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="orderlymq-replication")
+        self._active = False
+        self.epoch = 0
+        self.sync_set: frozenset[int] = frozenset()
+        self._followers: dict[int, _Follower] = {}
+        self._high_watermark: dict[str, int] = {}
+        self._changes = 0  # grows with every append, commit or topic change: wakes parked fetches
+        self.offsets_version = 0
+
+    # -- the master's term ---------------------------------------------------------------------
+
+    def activate(self, state: GroupState, ends: dict[str, int]) -> None:
+        """Serve as master of ``state.epoch``; everything in the log now counts as acknowledged
+        (the previous master may have acknowledged it)."""
+        with self._cond:
+            self._active = True
+            self.epoch = state.epoch
+            self.sync_set = state.sync_set
+            self._followers = {}
+            self._high_watermark = dict(ends)
+            self.offsets_version = state.epoch << 32
+            self._cond.notify_all()
+
+    def deactivate(self) -> None:
+        """Stop serving: fetches are refused and every waiting send fails as not-master."""
+        with self._cond:
+            self._active = False
+            self._cond.notify_all()
+
+    def changed(self, offsets: bool = False) -> None:
+        """Something slaves copy changed (records, topics; ``offsets``: committed offsets)."""
+        with self._cond:
+            self._changes += 1
+            if offsets:
+                self.offsets_version += 1
+            self._cond.notify_all()
+
+    # -- acknowledging sends -------------------------------------------------------------------
+
+    def wait_replicated(self, topic: str, queue_id: int, end: int) -> None:
+        """Return once the sync-state set holds ``topic/queue_id`` up to ``end``.
+
+        Raises
+        ------
+        ReplicationTimeoutError
+            Not replicated within twice ``replica_lag_timeout_ms``, or this broker stopped being
+            master meanwhile: stored here but not acknowledged; resending is safe.
+        """
+        key = queue_key(topic, queue_id)
+        timeout_s = 2 * self.config.replica_lag_timeout_ms / 1000
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while True:
+                if not self._active:
+                    raise ReplicationTimeoutError(
+                        f"{topic}/{queue_id} up to offset {end} was stored by a broker that stopped being master "
+                        "before its sync-state set had it; resend to the new master with the same producer id "
+                        "and sequence")
+                if self._replicated(key, end):
+                    if end > self._high_watermark.get(key, 0):
+                        self._high_watermark[key] = end
+                    return
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise ReplicationTimeoutError(
+                        f"{topic}/{queue_id} up to offset {end} is stored on the master but not on its sync-state "
+                        f"set {sorted(self.sync_set)} after {timeout_s:g}s (min_sync_replicas="
+                        f"{self.config.min_sync_replicas}); resend with the same producer id and sequence"
+                    )
+                self._cond.wait(remaining)
+
+    def _replicated(self, key: str, end: int) -> bool:
+        if len(self.sync_set) < self.config.min_sync_replicas:
+            return False
+        for member in self.sync_set - {self.broker_id}:
+            follower = self._followers.get(member)
+            if follower is None or follower.ends.get(key, 0) < end:
+                return False
+        return True
+
+    # -- the sync-state set --------------------------------------------------------------------
+
+    def sync_set_change(self) -> frozenset[int] | None:
+        """The sync-state set as it should be now, or None when it is right as it is."""
+        now = time.monotonic()
+        lag_s = self.config.replica_lag_timeout_ms / 1000
+        with self._cond:
+            if not self._active:
+                return None
+            watermark = self._high_watermark if self.config.replication == "sync" else self._ends()
+            lagging = {m for m in self.sync_set - {self.broker_id}
+                       if m not in self._followers or now - self._followers[m].last_caught_up > lag_s}
+            ready = {m for m, f in self._followers.items()
+                     if m not in self.sync_set and f.connected and now - f.last_caught_up < lag_s / 2
+                     and all(f.ends.get(k, 0) >= end for k, end in watermark.items())}
+            if not lagging and not ready:
+                return None
+            return (self.sync_set - lagging) | ready
+
+    def set_sync_set(self, sync_set: frozenset[int]) -> None:
+        with self._cond:
+            if sync_set != self.sync_set:
+                log.info("sync-state set of group %s: %s -> %s", self.config.broker_name, sorted(self.sync_set),
+                         sorted(sync_set))
+            self.sync_set = sync_set
+            self._cond.notify_all()
+
+    # -- serving fetches -----------------------------------------------------------------------
+
+    def rpc_handler(self) -> grpc.GenericRpcHandler:
+        handler = grpc.stream_stream_rpc_method_handler(
+            self._replicate, request_deserializer=pb.ReplicaFetch.FromString,
+            response_serializer=pb.ReplicaData.SerializeToString)
+        return grpc.method_handlers_generic_handler("orderlymq.v1.Replication", {"Replicate": handler})
+
+    async def _replicate(self, requests, context: grpc.aio.ServicerContext):
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        follower_id = None
+        try:
+            async for fetch in requests:
+                follower_id = fetch.broker_id
+                try:
+                    answer = await loop.run_in_executor(self._pool, self._answer, fetch)
+                except Exception as exc:  # noqa: BLE001 - every failure must become a status
+                    code, message, _ = to_status(exc)
+                    await context.abort(code, message)
+                yield answer
+        except DecodeError:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "malformed ReplicaFetch")
+        finally:
+            if follower_id is not None:
+                with self._cond:
+                    follower = self._followers.get(follower_id)
+                    if follower is not None:
+                        follower.connected = False
+
+    def _answer(self, fetch: pb.ReplicaFetch) -> pb.ReplicaData:
+        with self._cond:
+            if not self._active or fetch.group_epoch != self.epoch:
+                raise self.not_master()
+            if fetch.handshake:
+                return pb.ReplicaData(group_epoch=self.epoch, epoch_history=self.history.encoded())
+            self._acknowledge(fetch)
+        deadline = time.monotonic() + FETCH_WAIT_S
+        while True:
+            with self._cond:
+                seen = self._changes
+            answer, complete = self._collect(fetch)
+            if answer.records or answer.offsets or time.monotonic() >= deadline:
+                break
+            with self._cond:
+                if not self._active:
+                    raise self.not_master()
+                if self._changes == seen:
+                    self._cond.wait(deadline - time.monotonic())
+        with self._cond:
+            follower = self._followers[fetch.broker_id]
+            follower.promised = complete
+            follower.promised_at = time.monotonic()
+        return answer
+
+    def _acknowledge(self, fetch: pb.ReplicaFetch) -> None:
+        """Under the lock: record where the slave stands; wake the sends waiting for it."""
+        follower = self._followers.setdefault(fetch.broker_id, _Follower())
+        follower.connected = True
+        follower.ends = {queue_key(p.topic, p.queue_id): p.offset for p in fetch.ends}
+        follower.offsets_version = fetch.offsets_version
+        promised = follower.promised
+        if promised is not None and all(follower.ends.get(k, 0) >= end for k, end in promised.items()):
+            follower.last_caught_up = follower.promised_at
+        self._cond.notify_all()
+
+    def _ends(self) -> dict[str, int]:
+        store = self.service.store
+        return {queue_key(t, q): store.queue(t, q).max_offset for t, n in store.topics().items() for q in range(n)}
+
+    def _collect(self, fetch: pb.ReplicaFetch) -> tuple[pb.ReplicaData, dict[str, int] | None]:
+        """What follows the slave's copy; and the master's ends when that is all of it (else None)."""
+        have = {queue_key(p.topic, p.queue_id): p.offset for p in fetch.ends}
+        store = self.service.store
+        topics = store.topics()
+        answer = pb.ReplicaData(group_epoch=self.epoch, topics=topics)
+        ends, budget, complete = {}, _MAX_RESPONSE_BYTES, True
+        for topic, count in sorted(topics.items()):
+            for queue_id in range(count):
+                queue = store.queue(topic, queue_id)
+                key = queue_key(topic, queue_id)
+                ends[key] = end = queue.max_offset
+                start = have.get(key, 0)
+                if start >= end:
+                    continue
+                if budget <= 0:
+                    complete = False
+                    continue
+                frames, reached = queue.read_frames(start, budget)
+                budget -= len(frames)
+                complete = complete and reached >= end
+                answer.records.add(topic=topic, queue_id=queue_id, frames=frames)
+        with self._cond:
+            version = self.offsets_version
+        if fetch.offsets_version != version:
+            answer.offsets_version = version
+            answer.offsets = json.dumps(self.service.offsets.snapshot()).encode()
+        return answer, ends if complete else None
+
+    def close(self) -> None:
+        self.deactivate()
+        self._pool.shutdown(wait=False, cancel_futures=True)

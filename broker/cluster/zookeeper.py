@@ -1,0 +1,108 @@
+"""Run a standalone ZooKeeper server as a child process, for tests and local development.
+
+It runs Debian's ZooKeeper (package ``zookeeper``: ``make zookeeper`` installs it) the way its
+own scripts do, ``java -cp /etc/zookeeper/conf:/usr/share/java/zookeeper.jar QuorumPeerMain
+<zoo.cfg>``, with its own config and data dir, on a loopback port (a free one unless given).
+``ZooKeeperServer(dir).start()`` returns once it answers; ``stop()`` ends it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+__all__ = ["ZOOKEEPER_JAR", "ZooKeeperServer", "zookeeper_installed"]
+
+ZOOKEEPER_JAR = Path("/usr/share/java/zookeeper.jar")
+_CONF_DIR = Path("/etc/zookeeper/conf")  # its log4j.properties
+_MAIN = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
+_TICK_MS = 500  # sessions may then be as short as 2 ticks: failovers within seconds
+
+
+def zookeeper_installed() -> bool:
+    return ZOOKEEPER_JAR.exists() and shutil.which("java") is not None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ZooKeeperServer:
+    """One standalone ZooKeeper server under ``directory`` (config, data, log)."""
+
+    def __init__(self, directory: str | Path, port: int = 0) -> None:
+        self.directory = Path(directory)
+        self.port = port or _free_port()
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def connect_string(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.directory / "zookeeper.log"
+
+    def _write_config(self) -> Path:
+        data = self.directory / "data"
+        data.mkdir(parents=True, exist_ok=True)
+        config = self.directory / "zoo.cfg"
+        config.write_text("\n".join([
+            f"tickTime={_TICK_MS}",
+            f"dataDir={data}",
+            f"clientPort={self.port}",
+            "clientPortAddress=127.0.0.1",
+            "admin.enableServer=false",
+            f"minSessionTimeout={2 * _TICK_MS}",
+            "maxSessionTimeout=60000",
+            "4lw.commands.whitelist=ruok",
+        ]) + "\n")
+        return config
+
+    def start(self, timeout: float = 60.0) -> ZooKeeperServer:
+        if not zookeeper_installed():
+            raise RuntimeError(f"ZooKeeper is not installed ({ZOOKEEPER_JAR} or java missing): run `make zookeeper`")
+        config = self._write_config()
+        cmd = ["java", "-Xmx256m", f"-Dzookeeper.log.dir={self.directory}", "-cp",
+               f"{_CONF_DIR}:{ZOOKEEPER_JAR}", _MAIN, str(config)]
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while not self._answers():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"ZooKeeper exited with code {self.proc.returncode}; see {self.log_path}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise TimeoutError(f"ZooKeeper did not answer on port {self.port} within {timeout:.0f}s")
+            time.sleep(0.1)
+        return self
+
+    def _answers(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
+                s.sendall(b"ruok")
+                return s.recv(4) == b"imok"
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+    def __enter__(self) -> ZooKeeperServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

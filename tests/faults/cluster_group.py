@@ -1,0 +1,85 @@
+"""A broker group of real processes for the cluster scenarios: a ZooKeeper server and brokers
+(subprocesses over gRPC on loopback) that elect a master and replicate to each other."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import grpc
+
+from broker.launcher import BrokerProcess
+from broker.proto import orderlymq_pb2 as pb
+from broker.proto import orderlymq_pb2_grpc as pb_grpc
+from tests.faults.brokers import broker_process
+
+__all__ = ["CLUSTER_BROKER", "BrokerGroup"]
+
+# Short sessions and lag timeouts so failovers take seconds, and short leases like the client tests'.
+CLUSTER_BROKER = dict(zk_session_timeout_ms=2_000, replica_lag_timeout_ms=1_500, lock_lease_ms=5_000,
+                      consumer_timeout_ms=3_000, min_sync_replicas=2, replication="sync")
+
+
+class BrokerGroup:
+    """``size`` brokers of group ``name`` under ``root``, started in id order (broker 0 is the
+    first master); settings are ``BrokerConfig`` names."""
+
+    def __init__(self, root: Path, zookeeper: str, size: int, name: str = "group-a", **settings) -> None:
+        self.brokers: list[BrokerProcess] = [
+            broker_process(root / f"broker-{i}", zookeeper=zookeeper, broker_name=name, broker_id=i,
+                           **(CLUSTER_BROKER | settings))
+            for i in range(size)
+        ]
+
+    @property
+    def addresses(self) -> str:
+        """Every broker's address: what clients are given (they find the master themselves)."""
+        return ",".join(b.address for b in self.brokers)
+
+    def start(self) -> BrokerGroup:
+        for broker in self.brokers:
+            broker.start()
+            if broker is self.brokers[0]:
+                self.wait_for_master()
+        return self
+
+    def health(self, broker: BrokerProcess) -> pb.HealthResponse | None:
+        """The broker's Health answer, None when it does not answer within a second."""
+        if broker.proc is None or broker.proc.poll() is not None:
+            return None
+        with grpc.insecure_channel(broker.address) as channel:
+            try:
+                return pb_grpc.OrderlyMQStub(channel).Health(pb.HealthRequest(), timeout=1.0)
+            except grpc.RpcError:
+                return None
+
+    def master(self, exclude: BrokerProcess | None = None) -> BrokerProcess | None:
+        for broker in self.brokers:
+            if broker is exclude:
+                continue
+            health = self.health(broker)
+            if health is not None and health.role == "MASTER":
+                return broker
+        return None
+
+    def wait_for_master(self, exclude: BrokerProcess | None = None, timeout: float = 60.0) -> BrokerProcess:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            master = self.master(exclude)
+            if master is not None:
+                return master
+            time.sleep(0.05)
+        raise TimeoutError(f"no master elected within {timeout:.0f}s; see the logs next to {self.brokers[0].data_dir}")
+
+    def wait_for_role(self, broker: BrokerProcess, role: str, timeout: float = 60.0) -> pb.HealthResponse:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            health = self.health(broker)
+            if health is not None and health.role == role:
+                return health
+            time.sleep(0.05)
+        raise TimeoutError(f"broker {broker.address} did not become {role} within {timeout:.0f}s")
+
+    def kill_all(self) -> None:
+        for broker in self.brokers:
+            broker.kill9()
