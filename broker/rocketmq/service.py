@@ -251,6 +251,7 @@ class RocketMQService:
         batch = min(request.batch_size or RECEIVE_BATCH_SIZE, MAX_BATCH)
         tags = _tags(request.filter_expression)
         wait_s = _ms(request.long_polling_timeout) / 1000 if request.HasField("long_polling_timeout") else LONG_POLLING_S
+        wait_s = min(wait_s, self.broker.config.max_wait_ms / 1000)  # the broker's bound of any long poll
         remaining = context.time_remaining()
         if remaining is not None:
             wait_s = min(wait_s, max(remaining - 1.0, 0.0))  # answer before the caller's deadline
