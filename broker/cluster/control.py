@@ -161,18 +161,16 @@ class GroupControl:
             return None
         return GroupState(new.epoch, new.master, new.master_address, new.sync_set, stat.version)
 
-    def resign_stale_master(self) -> None:
-        """Delete ``master`` if it names this broker but not this process's session (a restart
-        before the dead process's session ended): the dead process cannot act any more."""
+    def resign_master(self) -> None:
+        """Delete ``master`` when it names this broker although it does not act as master: left by
+        its previous process (a restart within the session timeout), or a term it stepped down
+        from while its session survived. The next election then runs at once."""
         try:
             raw, stat = self.client.get(f"{self.root}/master")
-        except NoNodeError:
-            return
-        if int(json.loads(raw)["broker_id"]) == self.broker_id and stat.ephemeralOwner != self.client.client_id[0]:
-            try:
+            if int(json.loads(raw)["broker_id"]) == self.broker_id:
                 self.client.delete(f"{self.root}/master", version=stat.version)
-            except (NoNodeError, BadVersionError):
-                pass
+        except (NoNodeError, BadVersionError):
+            pass
 
     def change_sync_set(self, expected: GroupState, sync_set: frozenset[int]) -> GroupState | None:
         """Write a new sync-state set if ``state`` is still ``expected`` (this broker's term);

@@ -86,7 +86,6 @@ class ClusterNode:
     def start(self, address: str) -> None:
         self.address = self.config.advertised_address or address
         self.control.start(self.address)
-        self.control.resign_stale_master()
         self._thread.start()
         log.info("broker %d of group %s joined cluster %s through ZooKeeper %s", self.broker_id,
                  self.config.broker_name, self.config.cluster_name, self.config.zookeeper)
@@ -126,6 +125,9 @@ class ClusterNode:
         holder = self.control.master_holder()
         if self.role == Role.MASTER:
             self._check_term(state, holder)
+            return
+        if holder == self.broker_id:  # held by a dead process of this broker, or a term it stepped down from
+            self.control.resign_master()
             return
         if holder is None:
             self._stop_following()

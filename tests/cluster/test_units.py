@@ -1,0 +1,137 @@
+"""The cluster's parts without ZooKeeper or a network: settings, epoch truncation, the storage
+calls replication makes (frames read and appended verbatim, tails cut), the lock epoch floor."""
+
+from __future__ import annotations
+
+import pytest
+
+from broker.cluster.epochs import EpochHistory, truncation_points
+from broker.config import BrokerConfig
+from broker.locks import LockManager
+from broker.offsets import OffsetStore
+from broker.storage import QueueLog
+from broker.wire import codec
+from broker.wire.errors import DamagedRecordError, InvalidOptionError
+
+
+def batch(start: int, n: int) -> tuple[bytes, int]:
+    table = codec.messages_to_batch([{"key": "k", "body": f"m{i}".encode()} for i in range(start, start + n)])
+    return codec.message_batch(codec.encode(table))
+
+
+def bodies(q: QueueLog) -> list[bytes]:
+    return q.read(0, 1_000_000, 1 << 40).table.column("body").to_pylist() if q.max_offset else []
+
+
+def make_log(path, **kw) -> QueueLog:
+    return QueueLog(path, segment_bytes=kw.pop("segment_bytes", 1 << 20), index_interval_bytes=256, sync=False, **kw)
+
+
+# -- settings ------------------------------------------------------------------------------------
+
+
+def test_no_zookeeper_is_a_single_broker():
+    assert not BrokerConfig().clustered
+    assert BrokerConfig(zookeeper="127.0.0.1:2181").clustered
+
+
+@pytest.mark.parametrize(("setting", "value", "message"), [
+    ("replication", "quorum", "replication must be 'sync' or 'async'"),
+    ("min_sync_replicas", 0, "min_sync_replicas must be an integer in 1..16"),
+    ("broker_id", -1, "broker_id must be an integer in 0..1000000"),
+    ("zk_session_timeout_ms", 10, "zk_session_timeout_ms must be an integer in 1000..600000"),
+    ("advertised_address", "nohost", "advertised_address must be host:port"),
+    ("cluster_name", "a b", "cluster_name must be 1-128 characters"),
+])
+def test_cluster_settings_are_checked(setting, value, message):
+    with pytest.raises(InvalidOptionError, match=message):
+        BrokerConfig.from_mapping({setting: value})
+
+
+# -- epochs --------------------------------------------------------------------------------------
+
+
+def test_a_slave_of_the_current_epoch_keeps_its_log():
+    assert truncation_points(2, {"t/0": 10}, [[1, {}], [2, {"t/0": 5}]]) == {}
+
+
+def test_an_old_master_cuts_its_tail_at_the_next_epochs_start():
+    history = [[1, {}], [2, {"t/0": 7, "t/1": 3}], [3, {"t/0": 9, "t/1": 9}]]
+    # Its last epoch was 1; epoch 2 started where the new master's log ended: cut there.
+    assert truncation_points(1, {"t/0": 10, "t/1": 3, "u/0": 4}, history) == {"t/0": 7, "u/0": 0}
+
+
+def test_an_epoch_the_master_never_saw_is_judged_by_the_next_one_it_did():
+    # The broker led epoch 3, which the master never followed (nobody replicated anything of it).
+    assert truncation_points(3, {"t/0": 12}, [[2, {"t/0": 4}], [4, {"t/0": 8}]]) == {"t/0": 8}
+
+
+def test_epoch_history_persists(tmp_path):
+    history = EpochHistory(tmp_path / "cluster-epochs.json")
+    history.begin_term(1, {"t/0": 0})
+    history.follow(2, [[1, {"t/0": 0}], [2, {"t/0": 5}]])
+    again = EpochHistory(tmp_path / "cluster-epochs.json")
+    assert again.epoch == 2 and again.history == [[1, {"t/0": 0}], [2, {"t/0": 5}]]
+
+
+# -- storage calls of replication ----------------------------------------------------------------
+
+
+def test_frames_appended_on_a_replica_read_back_the_same_with_their_producer_state(tmp_path):
+    master, replica = make_log(tmp_path / "m", segment_bytes=600), make_log(tmp_path / "r", segment_bytes=600)
+    for i in range(10):
+        master.append(*batch(3 * i, 3), "producer-1", i)
+    position = 0
+    while position < master.max_offset:
+        frames, position = master.read_frames(position, 500)
+        replica.append_frames(frames)
+    assert replica.max_offset == 30 and bodies(replica) == bodies(master)
+    assert len(replica.segments) > 1
+    again = replica.append(*batch(27, 3), "producer-1", 9)  # a resend after failover: not stored twice
+    assert again.duplicate and again.base_offset == 27 and replica.max_offset == 30
+
+
+def test_frames_that_do_not_continue_the_log_are_refused(tmp_path):
+    master, replica = make_log(tmp_path / "m"), make_log(tmp_path / "r")
+    master.append(*batch(0, 2))
+    master.append(*batch(2, 2))
+    frames, _ = master.read_frames(2, 1 << 20)
+    with pytest.raises(DamagedRecordError, match="does not continue the log at offset 0"):
+        replica.append_frames(frames)
+
+
+def test_truncate_cuts_the_tail_across_segments_and_forgets_its_producers(tmp_path):
+    q = make_log(tmp_path / "q", segment_bytes=600)
+    for i in range(10):
+        q.append(*batch(2 * i, 2), "p", i)
+    assert len(q.segments) > 2
+    assert q.truncate(7) == 6  # inside a record: the whole record goes
+    assert [b.decode() for b in bodies(q)] == [f"m{i}" for i in range(6)]
+    resent = q.append(*batch(6, 2), "p", 3)  # sequence 3 was cut: stored again, not a duplicate
+    assert not resent.duplicate and resent.base_offset == 6
+    reopened = make_log(tmp_path / "q", segment_bytes=600)
+    assert reopened.max_offset == 8
+
+
+# -- state the new master builds on --------------------------------------------------------------
+
+
+def test_a_raised_floor_fences_every_earlier_epoch_and_survives_a_restart(tmp_path):
+    locks = LockManager(tmp_path / "lock-epochs", lease_ms=60_000)
+    before = locks.lock_batch("g", "c1", "t", [0])[0]
+    locks.raise_floor(2 << 32)
+    after = locks.lock_batch("g", "c2", "t", [0])[0]  # the old lease is not honoured by the new master
+    assert after > 2 << 32 > before
+    locks.close()
+    reopened = LockManager(tmp_path / "lock-epochs", lease_ms=60_000)
+    assert reopened.lock_batch("g", "c3", "t", [1])[1] > 2 << 32
+
+
+def test_offsets_snapshot_replaces_a_replicas_offsets(tmp_path):
+    master, replica = OffsetStore(tmp_path / "m"), OffsetStore(tmp_path / "r")
+    master.commit("g", "t", 0, 5, "c1")
+    replica.commit("g", "t", 1, 9)
+    replica.replace(master.snapshot())
+    assert replica.snapshot() == [("g", "t", 0, 5, "c1")]
+    replica.close()
+    assert OffsetStore(tmp_path / "r").committed("g", "t", 0) == (5, "c1")
