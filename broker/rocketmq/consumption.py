@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 import pyarrow as pa
 
 from broker.persist import wall_ms
+from broker.proto import orderlymq_pb2 as pb
 from broker.rocketmq.deliveries import QueueDeliveries
 from broker.rocketmq.mapping import MESSAGE_ID_PROPERTY, message_id_of, to_rocketmq
 from broker.rocketmq.protocol import Code, definition
@@ -53,6 +54,7 @@ class Consumption:
     """The delivery states of every (group, topic, queue) RocketMQ consumers read."""
 
     def __init__(self, broker, clock: Callable[[], int] = wall_ms) -> None:
+        self.broker = broker
         self.store = broker.store
         self.locks = broker.locks
         self.offsets = broker.offsets
@@ -120,7 +122,9 @@ class Consumption:
             raise RocketMQStatusError(Code.INVALID_RECEIPT_HANDLE, f"queue {topic}/{queue_id} of group {group!r} "
                                       "was taken by another consumer of the group; the message will be delivered "
                                       "again")
-        self.offsets.commit(group, topic, queue_id, state.committed, GATEWAY_CLIENT)
+        self.broker.CommitOffset(pb.CommitOffsetRequest(group=group, topic=topic, queue_id=queue_id,
+                                                        offset=state.committed, client_id=GATEWAY_CLIENT,
+                                                        epoch=state.held_epoch))  # fenced, replicated
         state.stored = state.committed
 
     def _held(self, group: str, topic: str, receipt: Receipt) -> tuple[tuple[str, str, int], QueueDeliveries]:
@@ -220,11 +224,10 @@ class Consumption:
             properties[DLQ_ORIGIN_PROPERTY] = f"{topic}/{receipt.queue_id}/{receipt.offset}"
             properties.setdefault(MESSAGE_ID_PROPERTY, message_id_of(properties, receipt.queue_id, receipt.offset))
             dlq = dead_letter_topic(group)
-            self.store.create_topic(dlq, 1, if_not_exists=True)
+            self.broker.CreateTopic(pb.CreateTopicRequest(topic=dlq, queue_count=1, if_not_exists=True))
             batch = codec.messages_to_batch([{"key": row["key"], "tag": row["tag"], "body": row["body"],
                                               "properties": properties, "born_timestamp": row["born_timestamp"]}])
-            body, count = codec.message_batch(codec.encode(batch))
-            self.store.queue(dlq, 0).append(body, count)
+            self.broker.Send(pb.SendRequest(topic=dlq, queue_id=0, batch=codec.encode(batch)))
             state.ack(receipt.offset, receipt.attempt)
             self._commit(key, state)
         self._wake(group, topic)

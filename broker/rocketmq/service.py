@@ -10,6 +10,7 @@ are RocketMQ's: a client namespace ``ns`` makes them ``ns%name``.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import itertools
 import logging
 import time
@@ -20,6 +21,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
+from broker.proto import orderlymq_pb2 as pb
 from broker.rocketmq import mapping
 from broker.rocketmq.consumption import AUTO_RENEW_MS, Consumption
 from broker.rocketmq.protocol import SERVICE_NAME, Code, definition, service
@@ -27,7 +29,7 @@ from broker.rocketmq.settings import LONG_POLLING_S, RECEIVE_BATCH_SIZE, setting
 from broker.rocketmq.statuses import RocketMQStatusError, ok, status, status_for
 from broker.rocketmq.transactions import HalfMessages
 from broker.wire import codec
-from broker.wire.errors import TopicNotFoundError
+from broker.wire.errors import NotMasterError, TopicNotFoundError
 from broker.wire.tags import parse_tag_expression
 
 __all__ = ["RocketMQService"]
@@ -39,6 +41,9 @@ DEFAULT_INVISIBLE_MS = 30_000
 MAX_BATCH = 1024
 _RECHECK_S = 1.0  # a long poll also looks again this often: invisibility running out, other queues
 _ACCEPTED_TYPES = (definition.MessageType.NORMAL, definition.MessageType.FIFO, definition.MessageType.TRANSACTION)
+# What changes state: served by the master of a broker group only (a slave's copy must not diverge).
+_MASTER_ONLY = frozenset({"SendMessage", "QueryAssignment", "AckMessage", "ChangeInvisibleDuration",
+                          "ForwardMessageToDeadLetterQueue", "EndTransaction"})
 _CHECK_EVERY_S = 1.0  # how often a producer's Telemetry stream looks for orphaned transactions to check
 _UNSUPPORTED = {
     "PullMessage": "PullMessage (the pull consumer) is not supported; use a SimpleConsumer or PushConsumer",
@@ -122,11 +127,25 @@ class RocketMQService:
                                       "address they connected to, which routes point back to")
         return request.endpoints
 
+    def _require_master(self) -> None:
+        if self.broker.cluster is not None:
+            self.broker.cluster.require_master()
+
+    def _route_endpoints(self, request) -> definition.Endpoints:
+        """Where the topic is served: the address the client used, or its group's master from a slave."""
+        try:
+            self._require_master()
+        except NotMasterError as exc:
+            if not exc.master:
+                raise
+            return _endpoints_of(exc.master)
+        return self._endpoints(request)
+
     # -- route, heartbeat, settings --------------------------------------------------------------
 
     def QueryRoute(self, request, client_id: str):
         topic = _topic(request.topic)
-        endpoints = self._endpoints(request)
+        endpoints = self._route_endpoints(request)
         queues = [self._queue(request.topic, q, endpoints) for q in range(self._queue_count(topic))]
         return service.QueryRouteResponse(status=ok(), message_queues=queues)
 
@@ -198,16 +217,16 @@ class RocketMQService:
         topic = _topic(message.topic)
         row = mapping.to_row(message)
         queue_id = mapping.target_queue(message, self._queue_count(topic), next(self._round_robin))
-        body, count = codec.message_batch(codec.encode(codec.messages_to_batch([row])))
+        batch = codec.encode(codec.messages_to_batch([row]))
         if message.system_properties.message_type == definition.MessageType.TRANSACTION:
             check = mapping.with_digest(definition.Message.FromString(message.SerializeToString()))
-            txn_id = self.half_messages.stage(topic, queue_id, body, check, client_id)
+            txn_id = self.half_messages.stage(topic, queue_id, batch, check, client_id)
             return service.SendResultEntry(status=ok(), message_id=message.system_properties.message_id,
                                            transaction_id=txn_id)
         producer_id, sequence = mapping.producer_identity(message.system_properties.message_id, client_id)
-        result = self.broker.store.queue(topic, queue_id).append(body, count, producer_id, sequence)
-        if not result.duplicate:
-            self.broker.metrics.stored(topic, queue_id, count, len(body))
+        # Through the broker's own Send: a master-only, replicated, counted, idempotent append.
+        result = self.broker.Send(pb.SendRequest(topic=topic, queue_id=queue_id, batch=batch, producer_id=producer_id,
+                                                 sequence=max(sequence, 0)))
         message_id = message.system_properties.message_id or mapping.message_id_of({}, queue_id, result.base_offset)
         return service.SendResultEntry(status=ok(), message_id=message_id, offset=result.base_offset)
 
@@ -234,6 +253,7 @@ class RocketMQService:
         yield service.ReceiveMessageResponse(status=answer)
 
     async def _receive(self, request, client_id: str, context) -> list[definition.Message]:
+        self._require_master()
         if not client_id:
             raise RocketMQStatusError(Code.CLIENT_ID_REQUIRED, f"a consumer must send its client id in the "
                                       f"{CLIENT_ID_HEADER} header")
@@ -324,6 +344,8 @@ class RocketMQService:
                 request = request_type.FromString(raw)
                 if body is None:
                     raise RocketMQStatusError(Code.UNSUPPORTED, _unsupported(name))
+                if name in _MASTER_ONLY:
+                    self._require_master()
                 answer = await self._on_thread(body, request, _client_id(context))
                 self._done(name, started, answer.status)
                 return answer
@@ -369,6 +391,20 @@ async def _first_of(future: asyncio.Future, coroutine, timeout: float) -> None:
         await asyncio.wait({future, task}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
     finally:
         task.cancel()
+
+
+def _endpoints_of(address: str) -> definition.Endpoints:
+    """``host:port`` as RocketMQ endpoints."""
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    try:
+        scheme = (definition.AddressScheme.IPv4 if ipaddress.ip_address(host).version == 4
+                  else definition.AddressScheme.IPv6)
+    except ValueError:
+        scheme = definition.AddressScheme.DOMAIN_NAME
+    endpoints = definition.Endpoints(scheme=scheme)
+    endpoints.addresses.add(host=host, port=int(port))
+    return endpoints
 
 
 def _unsupported(name: str) -> str:

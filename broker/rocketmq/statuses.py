@@ -14,8 +14,10 @@ from broker.wire.errors import (
     DiskFullError,
     FencedError,
     InvalidRequestError,
+    NotMasterError,
     OffsetOutOfRangeError,
     OrderlyMQError,
+    ReplicationTimeoutError,
     RequestTooLargeError,
     TopicNotFoundError,
     TransactionError,
@@ -44,6 +46,8 @@ _CODES: tuple[tuple[type[OrderlyMQError], int], ...] = (
     (TransactionError, Code.INVALID_TRANSACTION_ID),
     (RequestTooLargeError, Code.PAYLOAD_TOO_LARGE),
     (DiskFullError, Code.INTERNAL_SERVER_ERROR),
+    (NotMasterError, Code.HA_NOT_AVAILABLE),  # a slave of a broker group: its message names the master
+    (ReplicationTimeoutError, Code.SLAVE_PERSISTENCE_TIMEOUT),  # not acknowledged: the client resends
 )
 
 

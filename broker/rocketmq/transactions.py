@@ -59,7 +59,7 @@ class HalfMessages:
         self._pending: dict[str, _Pending] = {}
         self._mutex = threading.Lock()
 
-    def stage(self, topic: str, queue_id: int, body: bytes, message: definition.Message, client_id: str) -> str:
+    def stage(self, topic: str, queue_id: int, batch: bytes, message: definition.Message, client_id: str) -> str:
         """Stage a half message; returns its transaction id. A retried send is staged once."""
         message_id = message.system_properties.message_id
         if not message_id:
@@ -69,11 +69,11 @@ class HalfMessages:
         with self._mutex:
             if txn_id in self._pending:
                 return txn_id
-            state = self.broker.txns.begin(txn_id, HALF_MESSAGE_TIMEOUT_MS)
+            state = self.broker.BeginTxn(pb.BeginTxnRequest(txn_id=txn_id, timeout_ms=HALF_MESSAGE_TIMEOUT_MS)).state
             if state != OPEN:
                 raise RocketMQStatusError(Code.INVALID_TRANSACTION_ID, f"message {message_id} was already "
                                           f"resolved ({state}); send a new message")
-            self.broker.txns.stage(txn_id, topic, queue_id, body)
+            self.broker.Send(pb.SendRequest(topic=topic, queue_id=queue_id, batch=batch, txn_id=txn_id))
             interval = _first_check_ms(message)
             self._pending[txn_id] = _Pending(topic, message, client_id, self.clock() + interval, interval)
         return txn_id
