@@ -11,7 +11,10 @@
     orderlymq console [--host H] [--port N]   a read-only web console (default 127.0.0.1:8080)
 
 The broker address defaults to ``$ORDERLYMQ_BROKERS``, else ``127.0.0.1:9876``. An error prints one
-line to stderr and exits with status 1.
+line to stderr and exits with status 1. For a broker with TLS: ``--tls-ca-file`` (and
+``--tls-cert-file`` / ``--tls-key-file`` for mutual TLS), or ``$ORDERLYMQ_TLS_CA_FILE`` etc.; with
+access control, the credentials come from ``$ORDERLYMQ_ACCESS_KEY`` / ``$ORDERLYMQ_SECRET_KEY``
+(never from an argument: other users can read command lines). See docs/security.md.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from datetime import datetime
 from rich.console import Console
 from rich.table import Table
 
+from broker.wire.tls import TLS_ENV, TlsOptions
 from connector.client import Admin, Producer, PullConsumer
 from connector.errors import InvalidOptionError, OrderlyMQError
 
@@ -50,6 +54,12 @@ def _parser() -> argparse.ArgumentParser:
         help="host:port[,host:port] (default: $ORDERLYMQ_BROKERS or %(default)s)",
     )
     parser.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for an unreachable broker")
+    for field, what in (("ca_file", "PEM CA that signs the broker's certificate: connect over TLS"),
+                        ("cert_file", "PEM client certificate, for mutual TLS"),
+                        ("key_file", "PEM key of --tls-cert-file"),
+                        ("server_name", "name to verify the broker's certificate against")):
+        parser.add_argument(f"--tls-{field.replace('_', '-')}", dest=f"tls_{field}", default=os.environ.get(TLS_ENV[field]),
+                            help=f"{what} (default ${TLS_ENV[field]})")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     topic = commands.add_parser("topic", help="create, grow, list, describe or delete topics")
@@ -110,8 +120,14 @@ def _ms(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000).isoformat(sep=" ", timespec="milliseconds") if ms else ""
 
 
+def _tls(args) -> dict:
+    """The ``tls`` keyword of the clients from the --tls-* options (none: plaintext)."""
+    values = {field: getattr(args, f"tls_{field}") for field in ("ca_file", "cert_file", "key_file", "server_name")}
+    return {"tls": TlsOptions(**values) if any(values.values()) else None}
+
+
 def _topic(args, console: Console) -> None:
-    with Admin(args.brokers, retry_timeout=args.timeout) as admin:
+    with Admin(args.brokers, retry_timeout=args.timeout, **_tls(args)) as admin:
         if args.topic_command == "create":
             info = admin.create_topic(args.name, args.queues, if_not_exists=args.if_not_exists)
             console.print(f"topic {info.name}: {info.queue_count} queues on {info.broker_name}", markup=False)
@@ -135,7 +151,7 @@ def _topic(args, console: Console) -> None:
 
 
 def _send(args, console: Console) -> None:
-    with Producer(args.brokers, retry_timeout=args.timeout) as producer:
+    with Producer(args.brokers, retry_timeout=args.timeout, **_tls(args)) as producer:
         result = producer.send(args.topic, args.body.encode("utf-8"), key=args.key, tag=args.tag,
                                selector=args.selector, queue_id=args.queue)
     console.print(f"sent to {result.topic}[{result.queue_id}] at offset {result.queue_offset}", markup=False)
@@ -143,7 +159,7 @@ def _send(args, console: Console) -> None:
 
 def _tail(args, console: Console) -> None:
     printed = 0
-    with PullConsumer(args.brokers, retry_timeout=args.timeout) as consumer:
+    with PullConsumer(args.brokers, retry_timeout=args.timeout, **_tls(args)) as consumer:
         consumer.assign(args.topic, None if args.queue is None else [args.queue], start=args.start)
         while args.max is None or printed < args.max:
             want = 100 if args.max is None else min(100, args.max - printed)
@@ -158,7 +174,7 @@ def _tail(args, console: Console) -> None:
 
 
 def _progress(args, console: Console) -> None:
-    with Admin(args.brokers, retry_timeout=args.timeout) as admin:
+    with Admin(args.brokers, retry_timeout=args.timeout, **_tls(args)) as admin:
         rows = admin.consumer_progress(args.group, args.topic)
     table = Table(
         "queue", "broker offset", "consumer offset", "lag", "lock holder", title=f"{args.group} on {args.topic}"
@@ -171,7 +187,7 @@ def _progress(args, console: Console) -> None:
 
 
 def _locks(args, console: Console) -> None:
-    with Admin(args.brokers, retry_timeout=args.timeout) as admin:
+    with Admin(args.brokers, retry_timeout=args.timeout, **_tls(args)) as admin:
         holders = admin.lock_holders(args.group, args.topic)
     table = Table("queue", "client id", "epoch", "expires", title=f"locks of {args.group} on {args.topic}")
     for h in holders:

@@ -40,7 +40,7 @@ class DriverState:
         self.group = options.consumer_group or ""
         self.conn = options.connect()
         self.locks = LockKeeper(self.conn, self.group, client_id, options.lock_timeout_ms, left_at=self._left_at)
-        self.warden = Warden(options.brokers, self.group, client_id)
+        self.warden = Warden(options.brokers, self.group, client_id, options.security)
         self.locks.on_change = self.warden.holds
         self.last_latest: Positions | None = None
         self.broker_name = ""

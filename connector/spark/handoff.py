@@ -25,6 +25,7 @@ from broker.wire.errors import OrderlyMQError
 from connector.client.connection import BrokerConnection, pb
 from connector.client.locking import queues_by_topic
 from connector.spark.offsets import positions_of
+from connector.spark.security import ConnectionSecurity
 
 __all__ = ["advance_group_offsets", "source_offsets"]
 
@@ -51,14 +52,17 @@ def source_offsets(checkpoint: str, batch_id: int) -> list[dict]:
     return found
 
 
-def advance_group_offsets(checkpoint: str | None, batch_id: int) -> int:
-    """Commit the groups' offsets of ``batch_id``'s ``orderlymq`` sources; the number committed."""
+def advance_group_offsets(checkpoint: str | None, batch_id: int, security: ConnectionSecurity | None = None) -> int:
+    """Commit the groups' offsets of ``batch_id``'s ``orderlymq`` sources; the number committed.
+    ``security``: the sink's TLS and credentials (the checkpoint holds no secrets), which need
+    subscribe rights on the source's topics and group for this to succeed."""
     if not checkpoint:
         return 0
     done = 0
     for offset in source_offsets(checkpoint, batch_id):
         try:
-            with BrokerConnection(offset["brokers"], timeout=10, retry_timeout=10) as conn:
+            kwargs = (security or ConnectionSecurity()).connect_kwargs()
+            with BrokerConnection(offset["brokers"], timeout=10, retry_timeout=10, **kwargs) as conn:
                 done += _advance(conn, offset["group"], offset["clientId"], positions_of(offset))
         except OrderlyMQError as exc:
             log.warning("batch %d: advancing the offsets of group %r failed (the source commits them when it plans "

@@ -10,7 +10,8 @@ unlocks every queue that the client still holds at the epoch it was told, and ex
 the epoch first means a lock taken again meanwhile (a restart of the query with the same client
 id) is left alone.
 
-Run as ``main([brokers, group, client id])`` in a process of its own (``Warden`` starts it).
+Run as ``main([brokers, group, client id])`` in a process of its own (``Warden`` starts it); TLS
+and credentials come through its environment (``ConnectionSecurity``), never its command line.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from broker.wire.errors import OrderlyMQError
 from connector.client.connection import BrokerConnection
 from connector.spark.locks import describe_holder, unlock
 from connector.spark.offsets import QueueRef
+from connector.spark.security import ConnectionSecurity
 
 __all__ = ["Warden", "main"]
 
@@ -42,12 +44,14 @@ _UNLOCK_RETRY_S = 10.0  # a broker down longer than this frees the locks itself 
 class Warden:
     """The reader's side of the warden: start it, tell it the held epochs, dismiss it."""
 
-    def __init__(self, brokers: str, group: str, client_id: str) -> None:
+    def __init__(self, brokers: str, group: str, client_id: str,
+                 security: ConnectionSecurity | None = None) -> None:
         env_path = [str(_ROOT)] + [p for p in sys.path if p]
+        secured = security.environment() if security is not None else {}
         self._proc = subprocess.Popen(
             [sys.executable, "-c", _ENTRY, brokers, group, client_id],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, cwd=str(_ROOT), start_new_session=True,
-            env={**os.environ, "PYTHONPATH": ":".join(env_path)}, text=True,
+            env={**os.environ, "PYTHONPATH": ":".join(env_path), **secured}, text=True,
         )
 
     @property
@@ -106,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     if not held:
         return 0
     try:
-        with BrokerConnection(brokers, timeout=5, retry_timeout=_UNLOCK_RETRY_S) as conn:
+        security = ConnectionSecurity.from_environment()
+        with BrokerConnection(brokers, timeout=5, retry_timeout=_UNLOCK_RETRY_S, **security.connect_kwargs()) as conn:
             released = release_orphaned(conn, group, client_id, held)
     except OrderlyMQError as exc:
         print(f"orderlymq lock warden: could not release the locks of {client_id!r}: {exc}", file=sys.stderr)

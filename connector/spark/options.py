@@ -17,6 +17,7 @@ from typing import Any
 
 from broker.wire.errors import InvalidOptionError
 from connector.client.connection import BrokerConnection, parse_brokers
+from connector.spark.security import SECURITY_OPTIONS, ConnectionSecurity
 
 __all__ = [
     "EARLIEST",
@@ -49,6 +50,7 @@ SOURCE_OPTIONS = (
     "pollTimeoutMs",
     "includeProperties",
     "groupOffsetConflict",
+    *SECURITY_OPTIONS,
 )
 SINK_OPTIONS = (
     "brokers",
@@ -60,6 +62,7 @@ SINK_OPTIONS = (
     "exactlyOnce",
     "maxBatchBytes",
     "transactionTimeoutMs",
+    *SECURITY_OPTIONS,
 )
 # Options Spark itself may pass along with the user's; never an error.
 _SPARK_OPTIONS = frozenset({"path", "checkpointlocation", "queryname"})
@@ -241,11 +244,12 @@ class SourceOptions:
     poll_timeout_ms: int = DEFAULT_POLL_TIMEOUT_MS
     include_properties: bool = True
     group_offset_conflict: str = "fail"
+    security: ConnectionSecurity = field(default_factory=ConnectionSecurity)
 
     def connect(self) -> BrokerConnection:
         """A connection whose calls, and retries while the broker is down, last up to ``pollTimeoutMs``."""
         seconds = self.poll_timeout_ms / 1000
-        return BrokerConnection(self.brokers, timeout=seconds, retry_timeout=seconds)
+        return BrokerConnection(self.brokers, timeout=seconds, retry_timeout=seconds, **self.security.connect_kwargs())
 
     @classmethod
     def from_options(cls, mapping: Mapping[str, Any], *, streaming: bool = True) -> SourceOptions:
@@ -283,6 +287,7 @@ class SourceOptions:
             poll_timeout_ms=opts.integer("pollTimeoutMs", DEFAULT_POLL_TIMEOUT_MS, minimum=1, unit=" (ms)"),
             include_properties=opts.boolean("includeProperties", True),
             group_offset_conflict=_group_offset_conflict(opts, streaming=streaming),
+            security=ConnectionSecurity.from_options(opts.get),
         )
 
     @staticmethod
@@ -349,9 +354,10 @@ class SinkOptions:
     exactly_once: bool = True
     max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES
     transaction_timeout_ms: int = 0
+    security: ConnectionSecurity = field(default_factory=ConnectionSecurity)
 
     def connect(self) -> BrokerConnection:
-        return BrokerConnection(self.brokers)
+        return BrokerConnection(self.brokers, **self.security.connect_kwargs())
 
     @classmethod
     def from_options(cls, mapping: Mapping[str, Any]) -> SinkOptions:
@@ -380,4 +386,5 @@ class SinkOptions:
             exactly_once=opts.boolean("exactlyOnce", True),
             max_batch_bytes=opts.integer("maxBatchBytes", DEFAULT_MAX_BATCH_BYTES, minimum=1024, unit=" bytes"),
             transaction_timeout_ms=opts.integer("transactionTimeoutMs", 0, minimum=0, unit=" (ms)"),
+            security=ConnectionSecurity.from_options(opts.get),
         )

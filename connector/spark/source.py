@@ -45,6 +45,10 @@ class OrderlyMQDataSource(DataSource):
     ``tagColumn``, ``propertiesColumns``, ``exactlyOnce`` (true), ``maxBatchBytes`` (4 MiB),
     ``transactionTimeoutMs`` (broker default).
 
+    Both, for a broker with TLS or access control (``docs/security.md``): ``tls.caFile``,
+    ``tls.certFile`` and ``tls.keyFile`` (mutual TLS), ``tls.serverName``, ``auth.accessKey`` and
+    ``auth.secretKey`` (default: ``ORDERLYMQ_ACCESS_KEY`` / ``ORDERLYMQ_SECRET_KEY``).
+
     Examples
     --------
     >>> (spark.readStream.format("orderlymq")

@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from broker.wire import codec
-from broker.wire.errors import OffsetOutOfRangeError, OrderlyMQError, TransactionError
+from broker.wire.errors import OffsetOutOfRangeError, OrderlyMQError, PermissionDeniedError, TransactionError
 from connector.client.connection import BrokerConnection, pb
 
 __all__ = ["SINK_LOG_TOPIC", "abort_all", "commit_batch", "task_txn_id"]
@@ -47,6 +47,18 @@ _PLAN_TAG = "plan"
 
 def task_txn_id(query_id: str, batch_id: int, partition: int, task_attempt: int, attempt: int) -> str:
     return f"spark-sink/{query_id}/{batch_id}/{partition}/{task_attempt}.{attempt}/{uuid.uuid4().hex[:12]}"
+
+
+def _ensure_sink_log(conn: BrokerConnection) -> None:
+    """Create the sink log if missing; a user without admin rights (access control) may still use
+    one an administrator created."""
+    try:
+        conn.call("CreateTopic", pb.CreateTopicRequest(topic=SINK_LOG_TOPIC, queue_count=1, if_not_exists=True))
+    except PermissionDeniedError as denied:
+        try:
+            conn.call("DescribeTopic", pb.DescribeTopicRequest(topic=SINK_LOG_TOPIC))
+        except OrderlyMQError:
+            raise denied from None
 
 
 def _log_group(query_id: str) -> str:
@@ -73,7 +85,7 @@ def commit_batch(
     txns = sorted(txns)
     if not replayable:
         return sum(_commit(conn, txn_id) for _, txn_id in txns)
-    conn.call("CreateTopic", pb.CreateTopicRequest(topic=SINK_LOG_TOPIC, queue_count=1, if_not_exists=True))
+    _ensure_sink_log(conn)
     found = _find_plan(conn, query_id, batch_id)
     if found is None:
         plan, position = txns, _record_plan(conn, query_id, batch_id, txns)

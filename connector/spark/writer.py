@@ -145,7 +145,7 @@ class OrderlyMQStreamWriter(_OrderlyMQWriterMixin, DataSourceStreamArrowWriter):
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         self._commit(messages, batchId)
-        advance_group_offsets(self.checkpoint, batchId)
+        advance_group_offsets(self.checkpoint, batchId, self.options.security)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         self._abort(messages, batchId)
