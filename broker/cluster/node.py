@@ -1,7 +1,7 @@
 """A broker's role in its group: master, slave or electing, and every change between them.
 
 One thread (``orderlymq-cluster``) makes every decision, woken by any change ZooKeeper reports
-and every ``_TICK_S`` otherwise, so roles never change concurrently:
+(and reading it every ``_REREAD_S`` anyway), so roles never change concurrently:
 
 - a master checks that ZooKeeper still names it master of its epoch, else it steps down at once
   (its waiting sends fail as not-master, none is acknowledged), and keeps the sync-state set right;
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from broker.cluster.control import GroupControl, GroupState
 from broker.cluster.epochs import EpochHistory, queue_key
@@ -30,7 +31,8 @@ __all__ = ["ClusterNode", "Role"]
 
 log = logging.getLogger(__name__)
 
-_TICK_S = 0.1
+_TICK_S = 0.1  # how often a master reviews its sync-state set
+_REREAD_S = 1.0  # how often the group's state is read from ZooKeeper without a watch firing
 
 
 class Role:
@@ -103,11 +105,18 @@ class ClusterNode:
         self._wake.set()
 
     def _run(self) -> None:
+        last_read = 0.0
         while not self._stopped.is_set():
-            self._wake.wait(_TICK_S)
+            woken = self._wake.wait(_TICK_S)
             self._wake.clear()
             try:
-                self._decide()
+                # ZooKeeper is read when it reported a change (its watches) and every _REREAD_S anyway;
+                # in between a master only checks its sync-state set, which needs no read.
+                if woken or time.monotonic() - last_read >= _REREAD_S:
+                    last_read = time.monotonic()
+                    self._decide()
+                elif self.role == Role.MASTER:
+                    self._keep_sync_set(self._state)
             except Exception:  # noqa: BLE001 - a ZooKeeper hiccup must not end the decisions
                 log.exception("cluster decision failed; retrying")
                 if self.role == Role.MASTER and not self.control.connected:
@@ -143,6 +152,12 @@ class ClusterNode:
             self._step_down("ZooKeeper names another master" if state else "the group state is gone")
             return
         self._state = state
+        self._keep_sync_set(state)
+
+    def _keep_sync_set(self, state: GroupState) -> None:
+        if not self.control.connected:
+            self._step_down("lost its ZooKeeper connection")
+            return
         wanted = self.source.sync_set_change()
         if wanted is None:
             return
@@ -162,9 +177,16 @@ class ClusterNode:
         self.master_address = self.address
         self.source.activate(state, starts)
         self.role = Role.MASTER
-        self.service.finish_interrupted_commits()
+        # Off this thread: with sync replication the commits wait for slaves, whom this thread admits.
+        threading.Thread(target=self._finish_commits, name="orderlymq-finish-commits", daemon=True).start()
         log.warning("broker %d is now master of group %s (epoch %d)", self.broker_id, self.config.broker_name,
                     state.epoch)
+
+    def _finish_commits(self) -> None:
+        try:
+            self.service.finish_interrupted_commits()
+        except Exception:  # noqa: BLE001 - retried at the next promotion; the log says why
+            log.exception("finishing transactions interrupted during commit failed")
 
     def _step_down(self, why: str) -> None:
         self.role, self.master_address = Role.ELECTING, ""
