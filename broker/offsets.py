@@ -146,14 +146,22 @@ class OffsetStore:
                           for t, queues in topics.items() for q, (o, c) in queues.items())
 
     def replace(self, rows: list[tuple[str, str, int, int, str]]) -> None:
-        """Make ``rows`` (a ``snapshot`` of the group's master) the committed offsets, durably."""
+        """Make ``rows`` (a ``snapshot`` of the group's master) the committed offsets, durably;
+        only the rows that differ are written."""
+        wanted = {(g, t, q): (o, c) for g, t, q, o, c in rows}
         with self._mutex:
-            with self._db.transaction("replace the committed offsets with the master's") as db:
-                db.execute("DELETE FROM offsets")
-                db.executemany(_UPSERT, rows)
+            held = {(g, t, q): entry for g, topics in self._offsets.items() for t, queues in topics.items()
+                    for q, entry in queues.items()}
+            changed = [(*key, *entry) for key, entry in wanted.items() if held.get(key) != entry]
+            gone = [key for key in held if key not in wanted]
+            if not changed and not gone:
+                return
+            with self._db.transaction("copy the committed offsets of the group's master") as db:
+                db.executemany("DELETE FROM offsets WHERE grp = ? AND topic = ? AND queue_id = ?", gone)
+                db.executemany(_UPSERT, changed)
             self._offsets = {}
-            for group, topic, qid, offset, client_id in rows:
-                self._offsets.setdefault(group, {}).setdefault(topic, {})[qid] = (offset, client_id)
+            for (group, topic, qid), entry in wanted.items():
+                self._offsets.setdefault(group, {}).setdefault(topic, {})[qid] = entry
 
     def close(self) -> None:
         """Close the database (every commit already returned is durable)."""
