@@ -314,6 +314,12 @@ def _check_security(config: BrokerConfig) -> None:
         raise InvalidOptionError("tls_cert_file and tls_key_file go together: set both to serve TLS, or neither")
     if config.tls_client_ca_file and not config.tls_cert_file:
         raise InvalidOptionError("tls_client_ca_file (mutual TLS) needs tls_cert_file and tls_key_file too")
+    secured = [name for name in ("tls_cert_file", "acl_file") if getattr(config, name)]
+    if secured and isinstance(config.zookeeper, str) and config.zookeeper.strip():
+        # The Replication service shares the client port: it would be open to anyone (ACL) or
+        # unreachable by the other brokers (TLS) until replication links carry both.
+        raise InvalidOptionError(f"{' and '.join(secured)} cannot be combined with zookeeper yet: replication "
+                                 "between the brokers of a group does not use TLS or credentials (docs/security.md)")
     if _is_loopback(config.host) or config.allow_insecure_remote:
         return
     # Credentials travel with every call, so off loopback they need TLS as much as the data does.

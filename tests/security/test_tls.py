@@ -90,3 +90,10 @@ def test_tls_settings_go_together():
         BrokerConfig(tls_client_ca_file="ca")
     with pytest.raises(InvalidOptionError, match="give both cert_file and key_file"):
         TlsOptions(cert_file="c")
+
+
+def test_a_broker_group_refuses_tls_and_acl_until_replication_carries_them():
+    with pytest.raises(InvalidOptionError, match="acl_file cannot be combined with zookeeper yet"):
+        BrokerConfig(zookeeper="127.0.0.1:2181", acl_file="acl.toml")
+    with pytest.raises(InvalidOptionError, match="tls_cert_file cannot be combined with zookeeper"):
+        BrokerConfig(zookeeper="127.0.0.1:2181", tls_cert_file="c", tls_key_file="k")
