@@ -1,6 +1,7 @@
 """``make bench``: broker and pipeline benchmarks, each figure next to its ceiling.
 
 Usage: python spark_jobs/bench.py [--quick] [--out bench-results.json] [--only broker,peers,spark]
+(``--only security``: plaintext vs ACL vs TLS vs TLS + ACL, bench/security.py)
 """
 
 from __future__ import annotations
@@ -22,12 +23,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes, about 2 minutes")
     parser.add_argument("--out", type=Path, default=Path("bench-results.json"))
     parser.add_argument("--only", default="broker,peers,spark",
-                        help="comma-separated suites: broker, peers (Redis Streams, NATS JetStream), spark")
+                        help="comma-separated suites: broker, peers (Redis Streams, NATS JetStream), spark, "
+                             "security (plaintext vs ACL vs TLS vs TLS + ACL; not run by default)")
     args = parser.parse_args(argv)
     suites = {s.strip() for s in args.only.split(",") if s.strip()}
-    unknown = suites - {"broker", "peers", "spark"}
+    unknown = suites - {"broker", "peers", "spark", "security"}
     if unknown:
-        parser.error(f"unknown suite(s) {', '.join(sorted(unknown))}; choose from broker, peers, spark")
+        parser.error(f"unknown suite(s) {', '.join(sorted(unknown))}; choose from broker, peers, spark, security")
     rows = []
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="orderlymq-bench-") as tmp:
@@ -45,6 +47,11 @@ def main(argv: list[str] | None = None) -> int:
 
             print("spark benchmarks ...", flush=True)
             rows += spark_bench.run(workdir, args.quick)
+        if "security" in suites:
+            from bench import security as security_bench
+
+            print("security benchmarks ...", flush=True)
+            rows += security_bench.run(workdir, args.quick)
     write_report(rows, args.out, "quick" if args.quick else "full")
     print(f"done in {time.monotonic() - t0:.0f}s")
     return 0
