@@ -8,7 +8,9 @@ is split in three (``pull_queue``, the wait, ``pull_read``) so that its wait hol
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import shutil
 import threading
 from collections import defaultdict
 from pathlib import Path
@@ -74,6 +76,31 @@ class BrokerService:
             log.info("finishing transaction %s interrupted during commit", txn_id)
             self._apply_commit(txn_id)
 
+    @contextlib.contextmanager
+    def _txn_changes(self):
+        """Around a change of the transaction table: yields ``record(change)``; a broker group's
+        master records it for its slaves (and, replicating in sync, waits for them)."""
+        if self.cluster is None:
+            yield _ignore
+        else:
+            with self.cluster.txn_changes() as record:
+                yield record
+
+    def _expire_transactions(self) -> None:
+        for txn_id in self.txns.expire():
+            log.info("aborted transaction %s: idle past its timeout", txn_id)
+            if self.cluster is not None:
+                # Not waited for: lost in a failover, the new master aborts it again when it expires.
+                with contextlib.suppress(Exception), self.cluster.txn_changes(wait=False) as record:
+                    record(pb.TxnChange(kind=pb.TxnChange.ABORT, txn_id=txn_id))
+
+    def reset_transactions(self) -> None:
+        """Empty the transaction table (a slave about to copy its master's)."""
+        self.txns.close()
+        shutil.rmtree(self.store.data_dir / "txns", ignore_errors=True)
+        self.txns = TransactionManager(self.store.data_dir / "txns", timeout_ms=self.config.txn_timeout_ms,
+                                       fsync=self.config.flush == "sync")
+
     def _changed(self, offsets: bool = False) -> None:
         """Tell the group's slaves (if any) that something they copy changed."""
         if self.cluster is not None:
@@ -123,7 +150,10 @@ class BrokerService:
         queue = self.store.queue(request.topic, request.queue_id)
         body, count = codec.message_batch(request.batch)
         if request.txn_id:
-            self.txns.stage(request.txn_id, request.topic, request.queue_id, body)
+            with self._txn_changes() as record:
+                self.txns.stage(request.txn_id, request.topic, request.queue_id, body)
+                record(pb.TxnChange(kind=pb.TxnChange.STAGE, txn_id=request.txn_id, topic=request.topic,
+                                    queue_id=request.queue_id, payload=body))
             return pb.SendResponse(base_offset=-1, count=count, queue_id=request.queue_id)
         result = queue.append(body, count, request.producer_id, request.sequence if request.producer_id else -1)
         if not result.duplicate:
@@ -243,7 +273,10 @@ class BrokerService:
     # -- transactions --------------------------------------------------------------------------
 
     def BeginTxn(self, request):
-        return pb.BeginTxnResponse(state=self.txns.begin(request.txn_id, request.timeout_ms))
+        with self._txn_changes() as record:
+            state = self.txns.begin(request.txn_id, request.timeout_ms)
+            record(pb.TxnChange(kind=pb.TxnChange.BEGIN, txn_id=request.txn_id, timeout_ms=request.timeout_ms))
+        return pb.BeginTxnResponse(state=state)
 
     def _apply_commit(self, txn_id: str) -> tuple[bool, int]:
         """Append a transaction's staged batches: one record per queue, in send order. Appends
@@ -261,7 +294,9 @@ class BrokerService:
             if self.cluster is not None:
                 self.cluster.stored(topic, queue_id, result.base_offset + result.count)
             count += rows
-        self.txns.mark_committed(txn_id)
+        with self._txn_changes() as record:
+            self.txns.mark_committed(txn_id)
+            record(pb.TxnChange(kind=pb.TxnChange.COMMIT, txn_id=txn_id))
         return False, count
 
     def CommitTxn(self, request):
@@ -269,7 +304,9 @@ class BrokerService:
         return pb.CommitTxnResponse(already_committed=already, count=count)
 
     def AbortTxn(self, request):
-        self.txns.abort(_require(request.txn_id, "txn_id"))
+        with self._txn_changes() as record:
+            self.txns.abort(_require(request.txn_id, "txn_id"))
+            record(pb.TxnChange(kind=pb.TxnChange.ABORT, txn_id=request.txn_id))
         return pb.AbortTxnResponse()
 
     def Health(self, request):
@@ -316,8 +353,8 @@ class BrokerService:
             elapsed += interval
             try:
                 self.store.flush()
-                for txn_id in self.txns.expire():
-                    log.info("aborted transaction %s: idle past its timeout", txn_id)
+                if self.cluster is None or self.cluster.role == "MASTER":  # a slave replays its master's aborts
+                    self._expire_transactions()
                 if elapsed >= next_retention:
                     next_retention = elapsed + self.config.retention_check_interval_ms / 1000
                     self.store.apply_retention(self.config.retention_ms, self.config.retention_bytes)
@@ -333,6 +370,10 @@ class BrokerService:
         self.offsets.close()
         self.locks.close()
         self.metrics.close()
+
+
+def _ignore(change) -> None:
+    """``record`` of a broker outside any group: nothing to record."""
 
 
 def _with_tags(table: pa.Table, tags: frozenset[str]) -> pa.Table:

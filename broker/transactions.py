@@ -331,6 +331,31 @@ class TransactionManager:
             rec = self._txns.get(txn_id)
             return None if rec is None else rec["state"]
 
+    # ---- copying a table (a broker group's slaves copy their master's) ----------------------
+
+    def table(self) -> list[tuple[str, str, int]]:
+        """Every remembered id as ``(txn id, state, timeout_ms)``, in no particular order."""
+        with self._mutex:
+            return [(tid, rec["state"], rec["timeout_ms"]) for tid, rec in self._txns.items()]
+
+    def staged(self, txn_id: str) -> list[tuple[str, int, bytes]]:
+        """The sends staged in ``txn_id`` so far, in order (``(topic, queue id, payload)``)."""
+        with self._stripe(txn_id):
+            return list(self._read_staged(txn_id))
+
+    def import_finished(self, txn_id: str, state: str) -> None:
+        """Remember ``txn_id`` as finished (COMMITTED or ABORTED), as another manager has it."""
+        _check_id(txn_id)
+        if state not in (COMMITTED, ABORTED):
+            raise InvalidRequestError(f"a finished transaction is COMMITTED or ABORTED, not {state!r}")
+        with self._stripe(txn_id), self._mutex:
+            rec = self._txns.get(txn_id)
+            if rec is not None and rec["state"] == state:
+                return
+            if rec is None:
+                self._txns[txn_id] = {"state": OPEN, "timeout_ms": self._timeout_ms, "updated_ms": self._clock()}
+            self._finish_locked(txn_id, state, self._clock(), None)
+
     def close(self) -> None:
         """Release the journal file; the manager must not be used afterwards."""
         with self._mutex:

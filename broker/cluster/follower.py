@@ -17,6 +17,7 @@ import threading
 import grpc
 
 from broker.cluster.epochs import EpochHistory, queue_key, truncation_points
+from broker.cluster.txnlog import apply_changes
 from broker.proto import orderlymq_pb2 as pb
 from broker.proto import orderlymq_pb2_grpc as pb_grpc
 from broker.service import BrokerService
@@ -44,6 +45,7 @@ class ReplicaFetcher(threading.Thread):
         self._stopped = threading.Event()
         self._call: grpc.Future | None = None
         self._offsets_version = 0
+        self._txn_seq = 0
         self.applied = threading.Event()  # set once a first answer was applied (tests, status)
 
     def stop(self) -> None:
@@ -103,7 +105,7 @@ class ReplicaFetcher(threading.Thread):
         ends = [pb.QueuePosition(topic=key.rpartition("/")[0], queue_id=int(key.rpartition("/")[2]), offset=end)
                 for key, end in self._ends().items()]
         return pb.ReplicaFetch(broker_id=self.broker_id, group_epoch=self.epoch, ends=ends,
-                               offsets_version=self._offsets_version)
+                               offsets_version=self._offsets_version, txn_seq=self._txn_seq)
 
     def _apply(self, answer: pb.ReplicaData) -> None:
         self._apply_topics(dict(answer.topics))
@@ -113,6 +115,10 @@ class ReplicaFetcher(threading.Thread):
         if answer.offsets:
             self.service.offsets.replace([tuple(row) for row in json.loads(answer.offsets)])
             self._offsets_version = answer.offsets_version
+        if answer.txn_table:
+            self.service.reset_transactions()
+        apply_changes(self.service.txns, answer.txn_changes)
+        self._txn_seq = answer.txn_seq
 
     def _apply_topics(self, topics: dict[str, int]) -> None:
         store, service = self.service.store, self.service

@@ -16,14 +16,17 @@ the master (``gate.MasterGate``).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
+from collections.abc import Callable, Iterator
 
 from broker.cluster.control import GroupControl, GroupState
 from broker.cluster.epochs import EpochHistory, queue_key
 from broker.cluster.follower import ReplicaFetcher
 from broker.cluster.replication import ReplicaSource
+from broker.proto import orderlymq_pb2 as pb
 from broker.service import BrokerService
 from broker.wire.errors import NotMasterError
 
@@ -82,6 +85,20 @@ class ClusterNode:
 
     def changed(self, offsets: bool = False) -> None:
         self.source.changed(offsets)
+
+    @contextlib.contextmanager
+    def txn_changes(self, wait: bool = True) -> Iterator[Callable[[pb.TxnChange], None]]:
+        """Around a change of the transaction table: yields the function that records it; with
+        sync replication and ``wait``, returns once the slaves applied it (waiting outside the
+        hold, which a table copy for a slave needs)."""
+        self.require_master()
+        recorded: list[int] = []
+        with self.source.txn_log.recording():
+            yield lambda change: recorded.append(self.source.txn_log.append(change))
+        if recorded:
+            self.source.changed()
+            if wait and self.config.replication == "sync":
+                self.source.wait_txn_replicated(recorded[-1])
 
     # -- lifecycle -----------------------------------------------------------------------------
 

@@ -29,6 +29,7 @@ from google.protobuf.message import DecodeError
 
 from broker.cluster.control import GroupState
 from broker.cluster.epochs import EpochHistory, queue_key
+from broker.cluster.txnlog import TxnChangeLog, table_changes
 from broker.proto import orderlymq_pb2 as pb
 from broker.service import BrokerService
 from broker.wire.errors import NotMasterError, ReplicationTimeoutError, to_status
@@ -49,6 +50,7 @@ class _Follower:
     last_caught_up: float = 0.0
     promised: dict[str, int] | None = None  # the master's ends when it built its last answer
     promised_at: float = 0.0
+    txn_seq: int = 0  # the last transaction change the slave applied
 
 
 class ReplicaSource:
@@ -70,6 +72,7 @@ class ReplicaSource:
         self._high_watermark: dict[str, int] = {}
         self._changes = 0  # grows with every append, commit or topic change: wakes parked fetches
         self.offsets_version = 0
+        self.txn_log = TxnChangeLog()
 
     # -- the master's term ---------------------------------------------------------------------
 
@@ -83,6 +86,7 @@ class ReplicaSource:
             self._followers = {}
             self._high_watermark = dict(ends)
             self.offsets_version = state.epoch << 32
+            self.txn_log.begin_term(state.epoch)
             self._cond.notify_all()
 
     def deactivate(self) -> None:
@@ -111,34 +115,42 @@ class ReplicaSource:
             master meanwhile: stored here but not acknowledged; resending is safe.
         """
         key = queue_key(topic, queue_id)
+        self._wait_for_sync_set(lambda f: f.ends.get(key, 0) >= end, f"{topic}/{queue_id} up to offset {end}",
+                                "resend with the same producer id and sequence")
+        with self._cond:
+            if end > self._high_watermark.get(key, 0):
+                self._high_watermark[key] = end
+
+    def wait_txn_replicated(self, seq: int) -> None:
+        """Return once the sync-state set applied the transaction change ``seq`` (same errors as
+        ``wait_replicated``; the request may be repeated: begin, stage with a producer's resend
+        checks, commit and abort are answered from the transaction's state)."""
+        self._wait_for_sync_set(lambda f: f.txn_seq >= seq, f"transaction change {seq & 0xFFFFFFFF}", "retry it")
+
+    def _wait_for_sync_set(self, has_it: Callable[[_Follower], bool], what: str, remedy: str) -> None:
         timeout_s = 2 * self.config.replica_lag_timeout_ms / 1000
         deadline = time.monotonic() + timeout_s
         with self._cond:
             while True:
                 if not self._active:
                     raise ReplicationTimeoutError(
-                        f"{topic}/{queue_id} up to offset {end} was stored by a broker that stopped being master "
-                        "before its sync-state set had it; resend to the new master with the same producer id "
-                        "and sequence")
-                if self._replicated(key, end):
-                    if end > self._high_watermark.get(key, 0):
-                        self._high_watermark[key] = end
+                        f"{what} was stored by a broker that stopped being master before its sync-state set had "
+                        f"it; {remedy} (the client sends it to the new master)")
+                if self._in_sync_set(has_it):
                     return
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise ReplicationTimeoutError(
-                        f"{topic}/{queue_id} up to offset {end} is stored on the master but not on its sync-state "
-                        f"set {sorted(self.sync_set)} after {timeout_s:g}s (min_sync_replicas="
-                        f"{self.config.min_sync_replicas}); resend with the same producer id and sequence"
-                    )
+                        f"{what} is stored on the master but not on its sync-state set {sorted(self.sync_set)} "
+                        f"after {timeout_s:g}s (min_sync_replicas={self.config.min_sync_replicas}); {remedy}")
                 self._cond.wait(remaining)
 
-    def _replicated(self, key: str, end: int) -> bool:
+    def _in_sync_set(self, has_it: Callable[[_Follower], bool]) -> bool:
         if len(self.sync_set) < self.config.min_sync_replicas:
             return False
         for member in self.sync_set - {self.broker_id}:
             follower = self._followers.get(member)
-            if follower is None or follower.ends.get(key, 0) < end:
+            if follower is None or not has_it(follower):
                 return False
         return True
 
@@ -212,7 +224,7 @@ class ReplicaSource:
             with self._cond:
                 seen = self._changes
             answer, complete = self._collect(fetch)
-            if answer.records or answer.offsets or time.monotonic() >= deadline:
+            if answer.records or answer.offsets or answer.txn_seq != fetch.txn_seq or time.monotonic() >= deadline:
                 break
             with self._cond:
                 if not self._active:
@@ -231,6 +243,7 @@ class ReplicaSource:
         follower.connected = True
         follower.ends = {queue_key(p.topic, p.queue_id): p.offset for p in fetch.ends}
         follower.offsets_version = fetch.offsets_version
+        follower.txn_seq = fetch.txn_seq
         promised = follower.promised
         if promised is not None and all(follower.ends.get(k, 0) >= end for k, end in promised.items()):
             follower.last_caught_up = follower.promised_at
@@ -244,8 +257,10 @@ class ReplicaSource:
         """What follows the slave's copy; and the master's ends when that is all of it (else None)."""
         have = {queue_key(p.topic, p.queue_id): p.offset for p in fetch.ends}
         store = self.service.store
+        answer = pb.ReplicaData(group_epoch=self.epoch)
+        self._collect_txn_changes(fetch.txn_seq, answer)  # before the records: a commit's records come with it
         topics = store.topics()
-        answer = pb.ReplicaData(group_epoch=self.epoch, topics=topics)
+        answer.topics.update(topics)
         ends, budget, complete = {}, _MAX_RESPONSE_BYTES, True
         for topic, count in sorted(topics.items()):
             for queue_id in range(count):
@@ -268,6 +283,16 @@ class ReplicaSource:
             answer.offsets_version = version
             answer.offsets = json.dumps(self.service.offsets.snapshot()).encode()
         return answer, ends if complete else None
+
+    def _collect_txn_changes(self, seq: int, answer: pb.ReplicaData) -> None:
+        changes = self.txn_log.since(seq)
+        if changes is None:  # new to this term, or behind what the log holds: the whole table
+            with self.txn_log.copying() as last:
+                answer.txn_changes.extend(table_changes(self.service.txns))
+            answer.txn_table, answer.txn_seq = True, last
+            return
+        answer.txn_changes.extend(changes)
+        answer.txn_seq = seq + len(changes)
 
     def close(self) -> None:
         self.deactivate()

@@ -1,4 +1,5 @@
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
@@ -17,18 +18,20 @@ class QueuePosition(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
 
 class ReplicaFetch(_message.Message):
-    __slots__ = ("broker_id", "group_epoch", "ends", "offsets_version", "handshake")
+    __slots__ = ("broker_id", "group_epoch", "ends", "offsets_version", "handshake", "txn_seq")
     BROKER_ID_FIELD_NUMBER: _ClassVar[int]
     GROUP_EPOCH_FIELD_NUMBER: _ClassVar[int]
     ENDS_FIELD_NUMBER: _ClassVar[int]
     OFFSETS_VERSION_FIELD_NUMBER: _ClassVar[int]
     HANDSHAKE_FIELD_NUMBER: _ClassVar[int]
+    TXN_SEQ_FIELD_NUMBER: _ClassVar[int]
     broker_id: int
     group_epoch: int
     ends: _containers.RepeatedCompositeFieldContainer[QueuePosition]
     offsets_version: int
     handshake: bool
-    def __init__(self, broker_id: _Optional[int] = ..., group_epoch: _Optional[int] = ..., ends: _Optional[_Iterable[_Union[QueuePosition, _Mapping]]] = ..., offsets_version: _Optional[int] = ..., handshake: _Optional[bool] = ...) -> None: ...
+    txn_seq: int
+    def __init__(self, broker_id: _Optional[int] = ..., group_epoch: _Optional[int] = ..., ends: _Optional[_Iterable[_Union[QueuePosition, _Mapping]]] = ..., offsets_version: _Optional[int] = ..., handshake: _Optional[bool] = ..., txn_seq: _Optional[int] = ...) -> None: ...
 
 class ReplicaRecords(_message.Message):
     __slots__ = ("topic", "queue_id", "frames")
@@ -41,7 +44,7 @@ class ReplicaRecords(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., frames: _Optional[bytes] = ...) -> None: ...
 
 class ReplicaData(_message.Message):
-    __slots__ = ("group_epoch", "topics", "records", "offsets_version", "offsets", "epoch_history")
+    __slots__ = ("group_epoch", "topics", "records", "offsets_version", "offsets", "epoch_history", "txn_changes", "txn_table", "txn_seq")
     class TopicsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -55,13 +58,49 @@ class ReplicaData(_message.Message):
     OFFSETS_VERSION_FIELD_NUMBER: _ClassVar[int]
     OFFSETS_FIELD_NUMBER: _ClassVar[int]
     EPOCH_HISTORY_FIELD_NUMBER: _ClassVar[int]
+    TXN_CHANGES_FIELD_NUMBER: _ClassVar[int]
+    TXN_TABLE_FIELD_NUMBER: _ClassVar[int]
+    TXN_SEQ_FIELD_NUMBER: _ClassVar[int]
     group_epoch: int
     topics: _containers.ScalarMap[str, int]
     records: _containers.RepeatedCompositeFieldContainer[ReplicaRecords]
     offsets_version: int
     offsets: bytes
     epoch_history: bytes
-    def __init__(self, group_epoch: _Optional[int] = ..., topics: _Optional[_Mapping[str, int]] = ..., records: _Optional[_Iterable[_Union[ReplicaRecords, _Mapping]]] = ..., offsets_version: _Optional[int] = ..., offsets: _Optional[bytes] = ..., epoch_history: _Optional[bytes] = ...) -> None: ...
+    txn_changes: _containers.RepeatedCompositeFieldContainer[TxnChange]
+    txn_table: bool
+    txn_seq: int
+    def __init__(self, group_epoch: _Optional[int] = ..., topics: _Optional[_Mapping[str, int]] = ..., records: _Optional[_Iterable[_Union[ReplicaRecords, _Mapping]]] = ..., offsets_version: _Optional[int] = ..., offsets: _Optional[bytes] = ..., epoch_history: _Optional[bytes] = ..., txn_changes: _Optional[_Iterable[_Union[TxnChange, _Mapping]]] = ..., txn_table: _Optional[bool] = ..., txn_seq: _Optional[int] = ...) -> None: ...
+
+class TxnChange(_message.Message):
+    __slots__ = ("kind", "txn_id", "timeout_ms", "topic", "queue_id", "payload", "state")
+    class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        BEGIN: _ClassVar[TxnChange.Kind]
+        STAGE: _ClassVar[TxnChange.Kind]
+        ABORT: _ClassVar[TxnChange.Kind]
+        COMMIT: _ClassVar[TxnChange.Kind]
+        FINISHED: _ClassVar[TxnChange.Kind]
+    BEGIN: TxnChange.Kind
+    STAGE: TxnChange.Kind
+    ABORT: TxnChange.Kind
+    COMMIT: TxnChange.Kind
+    FINISHED: TxnChange.Kind
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    TXN_ID_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    kind: TxnChange.Kind
+    txn_id: str
+    timeout_ms: int
+    topic: str
+    queue_id: int
+    payload: bytes
+    state: str
+    def __init__(self, kind: _Optional[_Union[TxnChange.Kind, str]] = ..., txn_id: _Optional[str] = ..., timeout_ms: _Optional[int] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., payload: _Optional[bytes] = ..., state: _Optional[str] = ...) -> None: ...
 
 class TopicRoute(_message.Message):
     __slots__ = ("topic", "broker_name", "queue_count")

@@ -1,15 +1,19 @@
 """The cluster's parts without ZooKeeper or a network: settings, epoch truncation, the storage
-calls replication makes (frames read and appended verbatim, tails cut), the lock epoch floor."""
+calls replication makes (frames read and appended verbatim, tails cut), the lock epoch floor,
+offset snapshots, and the transaction table's changes and copies."""
 
 from __future__ import annotations
 
 import pytest
 
 from broker.cluster.epochs import EpochHistory, truncation_points
+from broker.cluster.txnlog import TxnChangeLog, apply_changes, table_changes
 from broker.config import BrokerConfig
 from broker.locks import LockManager
 from broker.offsets import OffsetStore
+from broker.proto import orderlymq_pb2 as pb
 from broker.storage import QueueLog
+from broker.transactions import ABORTED, COMMITTED, TransactionManager
 from broker.wire import codec
 from broker.wire.errors import DamagedRecordError, InvalidOptionError
 
@@ -135,3 +139,50 @@ def test_offsets_snapshot_replaces_a_replicas_offsets(tmp_path):
     assert replica.snapshot() == [("g", "t", 0, 5, "c1")]
     replica.close()
     assert OffsetStore(tmp_path / "r").committed("g", "t", 0) == (5, "c1")
+
+
+# -- transactions ----------------------------------------------------------------------------------
+
+
+def test_a_copied_transaction_table_holds_open_sends_and_finished_ids(tmp_path):
+    master = TransactionManager(tmp_path / "master", fsync=False)
+    master.begin("done")
+    master.stage("done", "t", 0, b"x")
+    master.prepare_commit("done")
+    master.mark_committed("done")
+    master.begin("open")
+    master.stage("open", "t", 1, b"first")
+    master.stage("open", "t", 0, b"second")
+    replica = TransactionManager(tmp_path / "replica", fsync=False)
+    apply_changes(replica, table_changes(master))
+    assert replica.state("done") == COMMITTED
+    assert replica.prepare_commit("open") == (False, [("t", 1, b"first"), ("t", 0, b"second")])
+
+
+def test_replayed_changes_follow_the_master_and_a_commit_needs_no_records(tmp_path):
+    replica = TransactionManager(tmp_path / "replica", fsync=False)
+    Kind = pb.TxnChange.Kind
+    apply_changes(replica, [
+        pb.TxnChange(kind=Kind.BEGIN, txn_id="a", timeout_ms=5_000),
+        pb.TxnChange(kind=Kind.STAGE, txn_id="a", topic="t", queue_id=0, payload=b"p"),
+        pb.TxnChange(kind=Kind.BEGIN, txn_id="b"),
+        pb.TxnChange(kind=Kind.ABORT, txn_id="b"),
+        pb.TxnChange(kind=Kind.ABORT, txn_id="b"),  # replayed after a table copy: still aborted
+        pb.TxnChange(kind=Kind.COMMIT, txn_id="a"),
+        pb.TxnChange(kind=Kind.COMMIT, txn_id="c"),  # begun before this replica's copy of the table
+    ])
+    assert (replica.state("a"), replica.state("b"), replica.state("c")) == (COMMITTED, ABORTED, COMMITTED)
+
+
+def test_the_change_log_answers_only_for_its_own_term():
+    log = TxnChangeLog()
+    log.begin_term(3)
+    start = log.last
+    assert log.since(start) == []
+    first = log.append(pb.TxnChange(txn_id="a"))
+    log.append(pb.TxnChange(txn_id="b"))
+    assert [c.txn_id for c in log.since(start)] == ["a", "b"]
+    assert [c.txn_id for c in log.since(first)] == ["b"]
+    assert log.since(0) is None and log.since(2 << 32) is None  # another term: the whole table instead
+    with log.copying() as last:
+        assert last == first + 1

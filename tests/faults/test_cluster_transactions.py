@@ -1,0 +1,57 @@
+"""Cluster scenario: transactions survive a failover.
+
+In a group of two (sync replication, ``min_sync_replicas = 2``) a producer commits one
+transaction and leaves a second one open with sends staged; the master is then killed. On the new
+master the first is known as committed (a replayed commit stores nothing again) and the second
+is still open with everything it staged: committed there, its messages become visible once. The
+log, read back, is judged by the strict checker against every send.
+"""
+
+from __future__ import annotations
+
+from connector.client import Admin, Producer
+from connector.client.connection import BrokerConnection, pb
+from connector.history import History, check
+from tests.faults.workload import body, stored_deliveries
+
+TOPIC, QUEUES = "orders", 2
+KEYS, PER_TXN = ["a", "b", "c"], 30
+
+
+def _stage(tx, history: History, seqs: dict[str, int]) -> None:
+    for i in range(PER_TXN):
+        key = KEYS[i % len(KEYS)]
+        tx.send(TOPIC, body(key, seqs[key]), key=key)
+        seqs[key] += 1
+
+
+def test_committed_and_open_transactions_survive_a_failover(broker_group, fault_report):
+    group = broker_group(2)
+    old = group.wait_for_master()
+    with Admin(group.addresses) as admin:
+        admin.create_topic(TOPIC, QUEUES)
+    history, seqs = History(), dict.fromkeys(KEYS, 0)
+    with Producer(group.addresses) as producer:
+        first = producer.transaction("txn-committed").begin()
+        _stage(first, history, seqs)
+        first.commit()
+        second = producer.transaction("txn-open").begin()
+        _stage(second, history, seqs)
+
+        old.kill9()
+        new = group.wait_for_master(exclude=old)
+        old.start()  # back as a slave: with min_sync_replicas = 2 the new master acknowledges once it caught up
+        with BrokerConnection(new.address) as conn:
+            replay = conn.call("CommitTxn", pb.CommitTxnRequest(txn_id="txn-committed"))
+            open_state = conn.call("BeginTxn", pb.BeginTxnRequest(txn_id="txn-open")).state
+        applied = producer.transaction("txn-open").begin().commit()
+    for key in KEYS:
+        for seq in range(seqs[key]):
+            history.sent(key, seq, acked=True)
+    with BrokerConnection(group.addresses) as conn:
+        log = check(history.sends, stored_deliveries(conn, TOPIC))
+    fault_report("cluster: transactions across a failover", {"log": log}, replayed_commit_already=
+                 replay.already_committed, open_after_failover=open_state, applied_after_failover=applied)
+    assert replay.already_committed, "the new master did not know the committed transaction"
+    assert open_state == "OPEN" and applied == PER_TXN
+    assert log.ok, str(log)
