@@ -6,6 +6,7 @@
     epochs.py       where each master's term starts per queue; what a rejoining broker cuts
     replication.py  the master's side: slaves' fetches, sync acknowledgements, the sync-state set
     follower.py     the slave's side: copy the master of one epoch
+    txnlog.py       the transaction table's changes, recorded by the master and replayed by slaves
     node.py         the broker's role and every change of it
     gate.py         only the master serves clients
     zookeeper.py    run a local ZooKeeper server (tests, development)
