@@ -180,7 +180,7 @@ class BrokerService:
 
     def pull_wait_s(self, request, queue: QueueLog) -> float:
         """How long the pull may wait for data at its offset (0: answer now)."""
-        if not request.wait_ms or request.offset < queue.max_offset:
+        if not request.wait_ms or request.offset < queue.visible_offset:
             return 0.0
         return min(request.wait_ms, self.config.max_wait_ms) / 1000
 
@@ -196,12 +196,13 @@ class BrokerService:
         batches = [codec.encode_parts(table)] if table.num_rows else []
         self.metrics.served(request.topic, request.queue_id, table.num_rows, table.nbytes)
         return encode_pull_response(batches, next_offset=result.next_offset, count=table.num_rows,
-                                    min_offset=queue.min_offset, max_offset=queue.max_offset)
+                                    min_offset=queue.min_offset, max_offset=queue.visible_offset)
 
     def QueryOffsets(self, request):
         queue = self.store.queue(request.topic, request.queue_id)
-        at = queue.offset_for_timestamp(request.timestamp) if request.has_timestamp else queue.max_offset
-        return pb.QueryOffsetsResponse(min_offset=queue.min_offset, max_offset=queue.max_offset,
+        end = queue.visible_offset
+        at = min(queue.offset_for_timestamp(request.timestamp), end) if request.has_timestamp else end
+        return pb.QueryOffsetsResponse(min_offset=queue.min_offset, max_offset=end,
                                        offset_for_timestamp=at)
 
     # -- group offsets -------------------------------------------------------------------------

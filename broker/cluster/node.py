@@ -189,6 +189,11 @@ class ClusterNode:
         store = self.service.store
         starts = {queue_key(t, q): store.queue(t, q).max_offset for t, n in store.topics().items() for q in range(n)}
         self.history.begin_term(state.epoch, starts)
+        if self.config.replication == "sync":  # readers see only what the sync-state set holds
+            store.hold_back()
+            for topic, count in store.topics().items():
+                for queue_id in range(count):
+                    store.queue(topic, queue_id).make_visible(starts[queue_key(topic, queue_id)])
         self.service.locks.raise_floor(state.epoch << 32)
         self.epoch, self._state = state.epoch, state
         self.master_address = self.address

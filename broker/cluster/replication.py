@@ -120,6 +120,7 @@ class ReplicaSource:
         with self._cond:
             if end > self._high_watermark.get(key, 0):
                 self._high_watermark[key] = end
+        self.service.store.queue(topic, queue_id).make_visible(end)  # acknowledged: readers may see it
 
     def wait_txn_replicated(self, seq: int) -> None:
         """Return once the sync-state set applied the transaction change ``seq`` (same errors as

@@ -83,6 +83,7 @@ class QueueLog:
         self._appended = Arrivals(self._lock)  # wakes long polls: threads and event loops
         self._producers: OrderedDict[int, OrderedDict[int, AppendResult]] = OrderedDict()
         self._retired: list[Segment] = []  # deleted segments whose fds close one retention pass later
+        self._visible: int | None = None  # None: every stored message is visible (see hold_back)
         directory.mkdir(parents=True, exist_ok=True)
         self.segments: list[Segment] = self._open_segments()
 
@@ -143,6 +144,26 @@ class QueueLog:
     def max_offset(self) -> int:
         """The offset the next stored message gets."""
         return self.segments[-1].next_offset
+
+    @property
+    def visible_offset(self) -> int:
+        """Where what readers may see ends: ``max_offset`` unless newer messages are held back."""
+        end = self.max_offset
+        return end if self._visible is None else min(self._visible, end)
+
+    def hold_back(self) -> None:
+        """From now on, keep messages stored after this moment from readers until ``make_visible``
+        passes them (a broker group's master: until its sync-state set has them)."""
+        with self._lock:
+            if self._visible is None:
+                self._visible = self.max_offset
+
+    def make_visible(self, end: int) -> None:
+        """Let readers see messages before ``end``; wakes long polls."""
+        with self._lock:
+            if self._visible is not None and end > self._visible:
+                self._visible = end
+                self._appended.notify_all()
 
     @property
     def size_bytes(self) -> int:
@@ -248,6 +269,8 @@ class QueueLog:
             self._producers.clear()
             for seg in self.segments[-2:]:
                 self._rebuild_producers(seg)
+            if self._visible is not None:
+                self._visible = min(self._visible, self.max_offset)
             log.warning("queue %s truncated to offset %d: the tail past it was never in its group", self._name,
                         self.max_offset)
             return self.max_offset
@@ -283,7 +306,7 @@ class QueueLog:
         """Block until a message at ``offset`` exists or ``timeout_s`` passes (long poll)."""
         deadline = time.monotonic() + timeout_s
         with self._lock:
-            while self.max_offset <= offset:
+            while self.visible_offset <= offset:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return False
@@ -296,15 +319,15 @@ class QueueLog:
         while True:
             arrived = self._appended.register()  # before the check: an append after it resolves it
             try:
-                if self.max_offset > offset or self._closed:  # closed: the topic was deleted
-                    return self.max_offset > offset
+                if self.visible_offset > offset or self._closed:  # closed: the topic was deleted
+                    return self.visible_offset > offset
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return False
                 try:
                     await asyncio.wait_for(arrived, remaining)
                 except asyncio.TimeoutError:  # builtin TimeoutError from 3.11, not on 3.10
-                    return self.max_offset > offset
+                    return self.visible_offset > offset
             finally:
                 self._appended.discard(arrived)
 
@@ -349,7 +372,7 @@ class QueueLog:
         first record's base offset."""
         self.check_offset(offset)
         segments = list(self.segments)
-        end = segments[-1].next_offset
+        end = min(segments[-1].next_offset, self.visible_offset)
         start_index = max(i for i, s in enumerate(segments) if s.base_offset <= offset)
         bodies: list[bytes] = []
         stamps: list[int] = []
@@ -368,7 +391,7 @@ class QueueLog:
                 for header, body in seg.records_from(position):
                     if header.base_offset >= end:
                         break
-                    take = min(header.next_offset - position, max_messages - count)
+                    take = min(min(header.next_offset, end) - position, max_messages - count)
                     if not bodies:
                         first_base = header.base_offset
                     bodies.append(body)

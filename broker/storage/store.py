@@ -71,6 +71,7 @@ class Store:
             fsync_dir(self.data_dir.parent)  # the data dir itself survives a power cut
         self._topics: dict[str, int] = {name: int(n) for name, n in read_json(self._meta_path, {}).items()}
         self._queues: dict[tuple[str, int], QueueLog] = {}
+        self._holding_back = False  # see hold_back
         for trash in self.data_dir.glob(".deleted-*"):  # deletes a crash interrupted, already committed
             shutil.rmtree(trash, ignore_errors=True)
         for name, count in self._topics.items():
@@ -83,7 +84,7 @@ class Store:
         return self.data_dir / "topics" / topic
 
     def _open_queue(self, topic: str, queue_id: int) -> QueueLog:
-        return QueueLog(
+        queue = QueueLog(
             self._topic_dir(topic) / str(queue_id),
             segment_bytes=self.segment_bytes,
             index_interval_bytes=self.index_interval_bytes,
@@ -91,6 +92,17 @@ class Store:
             clock=self.clock,
             data_dir=self.data_dir,
         )
+        if self._holding_back:
+            queue.hold_back()
+        return queue
+
+    def hold_back(self) -> None:
+        """Every queue, and every queue created later, keeps newly stored messages from readers
+        until ``QueueLog.make_visible`` passes them (``QueueLog.hold_back``)."""
+        with self._lock:
+            self._holding_back = True
+            for queue in self._queues.values():
+                queue.hold_back()
 
     def _commit_topics(self, topics: dict[str, int], new_queues: dict[tuple[str, int], QueueLog], what: str) -> None:
         """Make ``topics`` the durable topic table, then the one in memory with ``new_queues``

@@ -186,3 +186,18 @@ def test_the_change_log_answers_only_for_its_own_term():
     assert log.since(0) is None and log.since(2 << 32) is None  # another term: the whole table instead
     with log.copying() as last:
         assert last == first + 1
+
+
+def test_held_back_messages_are_invisible_until_made_visible(tmp_path):
+    q = make_log(tmp_path / "q")
+    q.append(*batch(0, 2))
+    q.hold_back()
+    q.append(*batch(2, 3))
+    assert (q.max_offset, q.visible_offset) == (5, 2)
+    assert [b.decode() for b in bodies(q)] == ["m0", "m1"]
+    assert not q.wait_for_data(2, 0.05)  # a long poll does not wake for what it may not see
+    q.make_visible(5)
+    assert q.wait_for_data(2, 0.05) and len(bodies(q)) == 5
+    q.append(*batch(5, 1))
+    q.truncate(5)  # a cut tail was never visible, and stays so
+    assert (q.max_offset, q.visible_offset) == (5, 5)

@@ -4,8 +4,9 @@ Broker 0 is master, broker 1 its slave (sync replication, ``min_sync_replicas = 
 reaches broker 0 while broker 1 is paused for a moment (and holds no fetch the master could answer
 into its socket): broker 0 stores it but cannot have it replicated. Broker 0 is then paused past its session; broker 1 resumes, is elected with a new
 group epoch and takes the traffic. When broker 0 resumes it is fenced: the send it held is never
-acknowledged, it refuses requests naming the new master, rejoins as a slave and cuts the tail
-its group never had. Finally broker 1 is killed and broker 0 promoted again: its store, read
+acknowledged (nor ever visible to readers, even before the pause: a master serves only what its
+sync-state set holds), it refuses requests naming the new master, rejoins as a slave and cuts the
+tail its group never had. Finally broker 1 is killed and broker 0 promoted again: its store, read
 back, holds every acknowledged send once and in order, and not the cut tail.
 """
 
@@ -54,6 +55,11 @@ def _send_tail(address: str, outcome: dict) -> None:
             outcome["error"] = from_rpc_error(err)
 
 
+def _log_bytes(broker) -> int:
+    """Bytes of queue 0's log files in the broker's data dir: grows when a record is stored."""
+    return sum(p.stat().st_size for p in (broker.data_dir / "topics" / TOPIC / "0").glob("*.log"))
+
+
 def _max_offset(address: str, queue_id: int) -> int:
     with grpc.insecure_channel(address) as channel:
         answer = pb_grpc.OrderlyMQStub(channel).QueryOffsets(pb.QueryOffsetsRequest(topic=TOPIC, queue_id=queue_id),
@@ -73,11 +79,12 @@ def test_paused_master_is_fenced_and_its_unreplicated_tail_cut(broker_group, fau
 
     os.kill(new.pid, signal.SIGSTOP)  # briefly (well under its session): the tail cannot replicate
     time.sleep(2 * FETCH_WAIT_S)  # the master answers the slave's parked fetch before the tail comes
-    before = _max_offset(old.address, 0)
+    before, stored_bytes = _max_offset(old.address, 0), _log_bytes(old)
     outcome: dict = {}
     tail = threading.Thread(target=_send_tail, args=(old.address, outcome))
     tail.start()
-    assert wait_until(lambda: _max_offset(old.address, 0) > before, timeout=10), "the tail was not stored"
+    assert wait_until(lambda: _log_bytes(old) > stored_bytes, timeout=10), "the tail was not stored"
+    visible_before_fencing = _max_offset(old.address, 0) - before  # readers see only what the slaves have
     os.kill(old.pid, signal.SIGSTOP)
     os.kill(new.pid, signal.SIGCONT)
     paused = time.monotonic()
@@ -102,8 +109,10 @@ def test_paused_master_is_fenced_and_its_unreplicated_tail_cut(broker_group, fau
         stored = stored_deliveries(conn, TOPIC)
     log = check(history.sends, stored)
     fault_report("cluster: paused master fenced, tail cut", {"log": log}, election_s=round(election_s, 2),
+                 tail_visible_before_fencing=visible_before_fencing,
                  tail_error=type(outcome.get("error")).__name__, old_master_epoch_after=fenced.group_epoch)
     assert "answer" not in outcome, f"the fenced master acknowledged its tail: {outcome}"
+    assert visible_before_fencing == 0, "readers of the master saw a send its slave did not have"
     assert fenced.group_epoch == new_epoch and fenced.master_address == new.address
     assert isinstance(refusal, NotMasterError) and refusal.master == new.address, refusal
     assert ("tail", 0) not in {(d.key, d.seq) for d in stored}, "the unreplicated tail was not cut"
