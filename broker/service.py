@@ -313,8 +313,7 @@ class BrokerService:
     def Health(self, request):
         health = pb.HealthResponse(status="SERVING", broker_name=self.config.broker_name, version=broker.__version__)
         if self.cluster is not None:
-            health.role, health.master_address, health.group_epoch = (self.cluster.role, self.cluster.master_address,
-                                                                      self.cluster.epoch)
+            self.cluster.describe(health)
         return health
 
     # -- read-only views (consoles) -------------------------------------------------------------

@@ -9,6 +9,8 @@
     orderlymq progress GROUP TOPIC        committed offsets and lag per queue
     orderlymq locks GROUP TOPIC           current queue lock holders
     orderlymq console [--host H] [--port N]   a read-only web console (default 127.0.0.1:8080)
+    orderlymq cluster status              every broker of --brokers: group, role, epoch, master;
+                                          each master's sync-state set and its slaves' lag
 
 The broker address defaults to ``$ORDERLYMQ_BROKERS``, else ``127.0.0.1:9876``. An error prints one
 line to stderr and exits with status 1. For a broker with TLS: ``--tls-ca-file`` (and
@@ -31,6 +33,7 @@ from rich.table import Table
 
 from broker.wire.tls import TLS_ENV, TlsOptions
 from connector.client import Admin, Producer, PullConsumer
+from connector.client.connection import BrokerConnection, parse_brokers, pb
 from connector.errors import InvalidOptionError, OrderlyMQError
 
 __all__ = ["DEFAULT_BROKERS", "main"]
@@ -100,6 +103,9 @@ def _parser() -> argparse.ArgumentParser:
     locks.add_argument("group")
     locks.add_argument("topic")
 
+    cluster = commands.add_parser("cluster", help="broker groups (docs/cluster.md)")
+    cluster.add_subparsers(dest="cluster_command", required=True, metavar="COMMAND").add_parser(
+        "status", help="each broker of --brokers: group, role, epoch, master; masters' sync-state sets and lag")
     console = commands.add_parser("console", help="serve a read-only web console of the broker (Ctrl-C stops)")
     console.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s: "
                          "the console has no login, so widen it only behind your own access control)")
@@ -211,8 +217,38 @@ def _console(args, console: Console) -> None:
         threading.Event().wait()
 
 
+def _cluster(args, console: Console) -> None:
+    """Ask every broker of --brokers itself (no redirection to the master): a broker that does not
+    answer is shown as such, the others as they see themselves."""
+    brokers = Table("broker", "group", "id", "role", "epoch", "master", title="brokers")
+    masters = []
+    for address in parse_brokers(args.brokers):
+        try:
+            with BrokerConnection(address, timeout=args.timeout, retry_timeout=0, **_tls(args)) as conn:
+                health = conn.call("Health", pb.HealthRequest(), retry=False)
+        except OrderlyMQError:
+            brokers.add_row(address, "", "", "unreachable", "", "")
+            continue
+        role = health.role or "single broker"
+        brokers.add_row(address, health.broker_name, str(health.broker_id) if health.role else "", role,
+                        str(health.group_epoch) if health.role else "", health.master_address)
+        if health.role == "MASTER":
+            masters.append((address, health))
+    console.print(brokers)
+    for address, health in masters:
+        sync_set = ", ".join(str(b) for b in health.sync_set)
+        slaves = Table("slave id", "connected", "in sync-state set", "behind (messages)", "caught up",
+                       title=f"group {health.broker_name}: master {health.broker_id} at {address}, "
+                             f"epoch {health.group_epoch}, sync-state set [{sync_set}]")
+        for replica in health.replicas:
+            caught_up = "never" if replica.caught_up_ms_ago < 0 else f"{replica.caught_up_ms_ago / 1000:.1f} s ago"
+            slaves.add_row(str(replica.broker_id), "yes" if replica.connected else "no",
+                           "yes" if replica.in_sync_set else "no", str(replica.behind_messages), caught_up)
+        console.print(slaves)
+
+
 _COMMANDS = {"topic": _topic, "send": _send, "tail": _tail, "progress": _progress, "locks": _locks,
-             "console": _console}
+             "console": _console, "cluster": _cluster}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -73,6 +73,14 @@ class ClusterNode:
             f"broker {self.broker_id} of group {self.config.broker_name} is {self.role.lower()}, not master: "
             f"{where}; send to the master (clients do so by themselves)", self.master_address)
 
+    def describe(self, health: pb.HealthResponse) -> None:
+        """Fill the group part of a ``Health`` answer (``orderlymq cluster status`` shows it)."""
+        health.role, health.master_address, health.group_epoch = self.role, self.master_address, self.epoch
+        health.broker_id = self.broker_id
+        if self.role == Role.MASTER:
+            health.sync_set.extend(sorted(self.source.sync_set))
+            health.replicas.extend(self.source.replica_status())
+
     def require_master(self) -> None:
         if self.role != Role.MASTER:
             raise self.not_master()

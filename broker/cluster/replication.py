@@ -182,6 +182,17 @@ class ReplicaSource:
             self.sync_set = sync_set
             self._cond.notify_all()
 
+    def replica_status(self) -> list[pb.ReplicaStatus]:
+        """Each slave as this master sees it: connected, in the set, how far behind."""
+        now = time.monotonic()
+        ends = self._ends()
+        with self._cond:
+            return [pb.ReplicaStatus(
+                broker_id=broker_id, connected=f.connected, in_sync_set=broker_id in self.sync_set,
+                behind_messages=sum(max(0, end - f.ends.get(key, 0)) for key, end in ends.items()),
+                caught_up_ms_ago=round((now - f.last_caught_up) * 1000) if f.last_caught_up else -1)
+                for broker_id, f in sorted(self._followers.items())]
+
     # -- serving fetches -----------------------------------------------------------------------
 
     def rpc_handler(self) -> grpc.GenericRpcHandler:

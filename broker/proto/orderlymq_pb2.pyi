@@ -435,20 +435,40 @@ class HealthRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class HealthResponse(_message.Message):
-    __slots__ = ("status", "broker_name", "version", "role", "master_address", "group_epoch")
+    __slots__ = ("status", "broker_name", "version", "role", "master_address", "group_epoch", "broker_id", "sync_set", "replicas")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     MASTER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     GROUP_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    SYNC_SET_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
     status: str
     broker_name: str
     version: str
     role: str
     master_address: str
     group_epoch: int
-    def __init__(self, status: _Optional[str] = ..., broker_name: _Optional[str] = ..., version: _Optional[str] = ..., role: _Optional[str] = ..., master_address: _Optional[str] = ..., group_epoch: _Optional[int] = ...) -> None: ...
+    broker_id: int
+    sync_set: _containers.RepeatedScalarFieldContainer[int]
+    replicas: _containers.RepeatedCompositeFieldContainer[ReplicaStatus]
+    def __init__(self, status: _Optional[str] = ..., broker_name: _Optional[str] = ..., version: _Optional[str] = ..., role: _Optional[str] = ..., master_address: _Optional[str] = ..., group_epoch: _Optional[int] = ..., broker_id: _Optional[int] = ..., sync_set: _Optional[_Iterable[int]] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ...) -> None: ...
+
+class ReplicaStatus(_message.Message):
+    __slots__ = ("broker_id", "connected", "in_sync_set", "behind_messages", "caught_up_ms_ago")
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    IN_SYNC_SET_FIELD_NUMBER: _ClassVar[int]
+    BEHIND_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    CAUGHT_UP_MS_AGO_FIELD_NUMBER: _ClassVar[int]
+    broker_id: int
+    connected: bool
+    in_sync_set: bool
+    behind_messages: int
+    caught_up_ms_ago: int
+    def __init__(self, broker_id: _Optional[int] = ..., connected: _Optional[bool] = ..., in_sync_set: _Optional[bool] = ..., behind_messages: _Optional[int] = ..., caught_up_ms_ago: _Optional[int] = ...) -> None: ...
 
 class ListGroupsRequest(_message.Message):
     __slots__ = ()
