@@ -340,35 +340,35 @@ def start_broker(config: BrokerConfig) -> RunningBroker:
         service.cluster = ClusterNode(service)
     pool = futures.ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="orderlymq-rpc")
     loop = _LoopThread()
+    server = None
+
+    def abandon() -> None:
+        """Undo a start that failed part-way: nothing keeps serving or holding the data dir."""
+        if server is not None:
+            loop.call(server.stop(0))
+        loop.close()
+        pool.shutdown()
+        service.close()
+
     try:
         server, port = loop.call(_serve(config, _Transport(service, pool, guard)))
     except BaseException:
-        loop.close()
-        pool.shutdown()
-        service.close()
+        abandon()
         raise
     if port == 0:
-        loop.close()
-        pool.shutdown()
-        service.close()
+        abandon()
         raise OSError(f"cannot listen on {config.host}:{config.port} (in use?); pick another --port")
     try:
         metrics_port = service.metrics.serve(config.metrics_port, config.host) if config.metrics_port >= 0 else None
     except OSError as exc:
-        loop.call(server.stop(0))
-        loop.close()
-        pool.shutdown()
-        service.close()
+        abandon()
         raise OSError(f"cannot serve metrics on {config.host}:{config.metrics_port} ({exc}); pick another "
                       "metrics_port") from None
     if service.cluster is not None:
         try:
             service.cluster.start(f"{config.host}:{port}")
         except Exception as exc:
-            loop.call(server.stop(0))
-            loop.close()
-            pool.shutdown()
-            service.close()
+            abandon()
             raise OSError(f"cannot join broker group {config.broker_name} through ZooKeeper {config.zookeeper}: "
                           f"{exc}; is ZooKeeper running?") from None
     stop = threading.Event()
