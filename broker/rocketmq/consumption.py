@@ -194,9 +194,8 @@ class Consumption:
         key, state = self._held(group, topic, receipt)
         with state.lock:
             if not state.ack(receipt.offset, receipt.attempt):
-                raise RocketMQStatusError(Code.INVALID_RECEIPT_HANDLE, f"message {topic}/{receipt.queue_id}@"
-                                          f"{receipt.offset} is not in flight under this receipt: acked already, or "
-                                          "delivered again after its invisible duration ran out")
+                raise _not_in_flight(topic, receipt, ": acked already, or delivered again after its invisible "
+                                                     "duration ran out")
             self._commit(key, state)
         self._wake(group, topic)
 
@@ -206,8 +205,7 @@ class Consumption:
         _, state = self._held(group, topic, receipt)
         with state.lock:
             if not state.change_invisible(receipt.offset, receipt.attempt, self.clock() + invisible_ms):
-                raise RocketMQStatusError(Code.INVALID_RECEIPT_HANDLE, f"message {topic}/{receipt.queue_id}@"
-                                          f"{receipt.offset} is not in flight under this receipt")
+                raise _not_in_flight(topic, receipt)
         self._wake(group, topic)
         return handle
 
@@ -217,8 +215,7 @@ class Consumption:
         key, state = self._held(group, topic, receipt)
         with state.lock:
             if not state.holds(receipt.offset, receipt.attempt):
-                raise RocketMQStatusError(Code.INVALID_RECEIPT_HANDLE, f"message {topic}/{receipt.queue_id}@"
-                                          f"{receipt.offset} is not in flight under this receipt")
+                raise _not_in_flight(topic, receipt)
             row = _rows(self.store.queue(topic, receipt.queue_id).read(receipt.offset, 1, self.max_bytes).table)[0]
             properties = dict(row["properties"] or ())
             properties[DLQ_ORIGIN_PROPERTY] = f"{topic}/{receipt.queue_id}/{receipt.offset}"
@@ -253,3 +250,9 @@ class Consumption:
                     released += state.release(client_id, now)
                 self._wake(group, topic)
         return released
+
+
+def _not_in_flight(topic: str, receipt: Receipt, why: str = "") -> RocketMQStatusError:
+    """The answer to an ack, nack or dead-lettering under a receipt that no longer holds its message."""
+    return RocketMQStatusError(Code.INVALID_RECEIPT_HANDLE, f"message {topic}/{receipt.queue_id}@{receipt.offset} is "
+                                                            f"not in flight under this receipt{why}")
