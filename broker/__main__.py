@@ -39,6 +39,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     security.add_argument("--acl-file", help="users and rules (TOML): authenticate and authorize every call")
     security.add_argument("--allow-insecure-remote", action="store_true", default=None,
                           help="listen on a non-loopback --host without TLS and ACL anyway")
+    security.add_argument("--replication-tls-ca-file", help="group with TLS: PEM CA a slave verifies its master with")
+    security.add_argument("--replication-tls-cert-file",
+                          help="group with mutual TLS: certificate a slave presents (default --tls-cert-file)")
+    security.add_argument("--replication-tls-key-file", help="PEM private key of --replication-tls-cert-file")
+    security.add_argument("--replication-access-key",
+                          help="group with ACL: the user a slave replicates as (needs `replicate` on broker)")
+    security.add_argument("--replication-secret-file", help="file holding the secret key of --replication-access-key")
     return parser.parse_args(argv)
 
 
@@ -49,6 +56,9 @@ def load_config(args: argparse.Namespace) -> BrokerConfig:
         log_format=args.log_format, metrics_port=args.metrics_port,
         tls_cert_file=args.tls_cert_file, tls_key_file=args.tls_key_file, tls_client_ca_file=args.tls_client_ca_file,
         acl_file=args.acl_file, allow_insecure_remote=args.allow_insecure_remote,
+        replication_tls_ca_file=args.replication_tls_ca_file, replication_tls_cert_file=args.replication_tls_cert_file,
+        replication_tls_key_file=args.replication_tls_key_file, replication_access_key=args.replication_access_key,
+        replication_secret_file=args.replication_secret_file,
         zookeeper=args.zookeeper, cluster_name=args.cluster_name, broker_name=args.broker_name,
         broker_id=args.broker_id, replication=args.replication,
     )

@@ -111,6 +111,16 @@ class BrokerConfig:
         ZooKeeper session timeout: a master silent this long loses its role.
     replica_lag_timeout_ms : int
         A slave not caught up with the master for this long leaves the sync-state set.
+    replication_tls_ca_file : str
+        In a group with TLS: PEM of the CA a slave verifies its master's certificate with ("" trusts
+        the system's roots).
+    replication_tls_cert_file, replication_tls_key_file : str
+        In a group with mutual TLS (``tls_client_ca_file``): the certificate a slave presents to its
+        master; "" presents ``tls_cert_file`` / ``tls_key_file``.
+    replication_access_key, replication_secret_file : str
+        In a group with ``acl_file``: the user a slave authenticates as on its master's
+        ``Replicate`` stream (it needs the ``replicate`` right on ``broker``) and a file holding
+        its secret key, read at every (re)connection.
     """
 
     host: str = "127.0.0.1"
@@ -148,6 +158,11 @@ class BrokerConfig:
     min_sync_replicas: int = 1
     zk_session_timeout_ms: int = 4_000
     replica_lag_timeout_ms: int = 3_000
+    replication_tls_ca_file: str = ""
+    replication_tls_cert_file: str = ""
+    replication_tls_key_file: str = ""
+    replication_access_key: str = ""
+    replication_secret_file: str = ""
 
     def __post_init__(self) -> None:
         if isinstance(self.data_dir, os.PathLike):
@@ -314,12 +329,8 @@ def _check_security(config: BrokerConfig) -> None:
         raise InvalidOptionError("tls_cert_file and tls_key_file go together: set both to serve TLS, or neither")
     if config.tls_client_ca_file and not config.tls_cert_file:
         raise InvalidOptionError("tls_client_ca_file (mutual TLS) needs tls_cert_file and tls_key_file too")
-    secured = [name for name in ("tls_cert_file", "acl_file") if getattr(config, name)]
-    if secured and isinstance(config.zookeeper, str) and config.zookeeper.strip():
-        # The Replication service shares the client port: it would be open to anyone (ACL) or
-        # unreachable by the other brokers (TLS) until replication links carry both.
-        raise InvalidOptionError(f"{' and '.join(secured)} cannot be combined with zookeeper yet: replication "
-                                 "between the brokers of a group does not use TLS or credentials (docs/security.md)")
+    if isinstance(config.zookeeper, str) and config.zookeeper.strip():
+        _check_replication_link(config)
     if _is_loopback(config.host) or config.allow_insecure_remote:
         return
     # Credentials travel with every call, so off loopback they need TLS as much as the data does.
@@ -332,6 +343,33 @@ def _check_security(config: BrokerConfig) -> None:
             "topics. Set acl_file and tls_cert_file / tls_key_file (docs/security.md), or set "
             "allow_insecure_remote = true to accept that"
         )
+
+
+_REPLICATION_LINK = ("replication_tls_ca_file", "replication_tls_cert_file", "replication_tls_key_file",
+                     "replication_access_key", "replication_secret_file")
+
+
+def _check_replication_link(config: BrokerConfig) -> None:
+    """A slave dials its master as a client does: with TLS when the group serves TLS, with
+    credentials when it checks them (every broker of a group has the same security settings)."""
+    for name in _REPLICATION_LINK:
+        if not isinstance(getattr(config, name), str):
+            raise InvalidOptionError(f"{name} must be a string, got {getattr(config, name)!r}")
+    tls_link = [name for name in _REPLICATION_LINK[:3] if getattr(config, name)]
+    if tls_link and not config.tls_cert_file:
+        raise InvalidOptionError(f"{tls_link[0]} is for replication over TLS: it needs tls_cert_file and tls_key_file "
+                                 "(the group's brokers serve TLS, their slaves dial it)")
+    if bool(config.replication_tls_cert_file) != bool(config.replication_tls_key_file):
+        raise InvalidOptionError("replication_tls_cert_file and replication_tls_key_file go together: set both, "
+                                 "or neither to present tls_cert_file / tls_key_file")
+    if bool(config.replication_access_key) != bool(config.replication_secret_file):
+        raise InvalidOptionError("replication_access_key and replication_secret_file go together: the user slaves "
+                                 "replicate as and the file holding its secret key")
+    if config.acl_file and not config.replication_access_key:
+        raise InvalidOptionError(
+            "a broker group with acl_file needs replication_access_key and replication_secret_file: its master "
+            "serves the Replicate stream only to a user with the replicate right (`orderlymq-broker acl allow "
+            "<user> replicate broker`), and this broker dials its master as that user when it is a slave")
 
 
 def _check_names(values: Mapping[str, Any]) -> None:

@@ -33,10 +33,10 @@ from google.protobuf.message import DecodeError
 from broker.config import BrokerConfig
 from broker.metrics import BrokerMetrics
 from broker.proto import orderlymq_pb2 as pb
-from broker.rocketmq import rocketmq_handler
+from broker.rocketmq import ACL_REFUSAL, refusal_handler, rocketmq_handler
 from broker.security.guard import AccessGuard
 from broker.service import BrokerService
-from broker.wire.errors import ERROR_KIND_KEY, status_metadata, to_status
+from broker.wire.errors import ERROR_KIND_KEY, PermissionDeniedError, UnauthenticatedError, status_metadata, to_status
 from broker.wire.tls import server_credentials
 
 __all__ = ["BrokerService", "RunningBroker", "start_broker"]
@@ -93,8 +93,9 @@ class _Transport:
         user = self.guard.recognise(metadata)
         return user if user is not None else await self.on_thread(self.guard.authenticate, metadata)
 
-    async def admit(self, context: grpc.aio.ServicerContext, method: str, started: float) -> str:
+    async def admit(self, context: grpc.aio.ServicerContext, method: str, started: float | None = None) -> str:
         """The caller's user, or the call ends UNAUTHENTICATED before its request is even parsed."""
+        started = time.perf_counter() if started is None else started
         try:
             return await self.authenticate(context)
         except Exception as exc:  # noqa: BLE001 - every failure must become a status
@@ -219,6 +220,29 @@ class _Transport:
             return pb.SendResponse(queue_id=request.queue_id, error_code=code.value[0], error_kind=kind,
                                    error_message=message)
 
+    def guarded_stream(self, name: str, behaviour: Callable[..., Any]) -> Callable[..., Any]:
+        """A stream-stream handler (the Replication service) under access control: authenticated
+        and authorized when it opens, each request authorized again (the rules may change)."""
+        guard, metrics = self.guard, self.metrics
+
+        async def guarded(requests, context: grpc.aio.ServicerContext):
+            started = time.perf_counter()
+            user = await self.admit(context, name, started)
+
+            async def authorized():
+                try:
+                    guard.authorize(user, name, None)
+                    async for request in requests:
+                        guard.authorize(user, name, request)
+                        yield request
+                except (PermissionDeniedError, UnauthenticatedError) as exc:
+                    await _abort(context, name, exc, metrics, started)
+
+            async for answer in behaviour(authorized(), context):
+                yield answer
+
+        return guarded
+
     def generic_handler(self) -> grpc.GenericRpcHandler:
         handlers = {}
         for method in pb.DESCRIPTOR.services_by_name["OrderlyMQ"].methods:
@@ -297,7 +321,7 @@ async def _serve(config: BrokerConfig, transport: _Transport) -> tuple[grpc.aio.
     if cluster is not None:
         from broker.cluster.gate import MasterGate  # kazoo is the `cluster` extra: imported only when used
 
-        interceptors.append(MasterGate(cluster.require_master))
+        interceptors.append(MasterGate(cluster.require_master, transport.admit if transport.guard else None))
     server = grpc.aio.server(interceptors=interceptors, options=[
         ("grpc.max_receive_message_length", config.max_request_bytes),
         ("grpc.max_send_message_length", max(config.max_request_bytes, 2 * config.max_pull_bytes)),
@@ -309,10 +333,15 @@ async def _serve(config: BrokerConfig, transport: _Transport) -> tuple[grpc.aio.
     ])
     server.add_generic_rpc_handlers((transport.generic_handler(),))
     if cluster is not None:
-        server.add_generic_rpc_handlers((cluster.source.rpc_handler(),))
-    # RocketMQ 5 clients, same port; not under access control (they sign requests their own way),
-    # so not served when it is on.
-    rocketmq = rocketmq_handler(transport.service, transport.pool) if transport.guard is None else None
+        guarded = transport.guarded_stream if transport.guard is not None else None
+        server.add_generic_rpc_handlers((cluster.source.rpc_handler(guarded),))
+    # RocketMQ 5 clients, same port; refused under access control (they sign requests with their
+    # plaintext secret, which the broker does not keep).
+    if transport.guard is None:
+        rocketmq = rocketmq_handler(transport.service, transport.pool)
+    else:
+        rocketmq = refusal_handler(ACL_REFUSAL)
+        log.warning("RocketMQ 5 protocol not served: %s", ACL_REFUSAL)
     if rocketmq is not None:
         server.add_generic_rpc_handlers((rocketmq,))
     address = f"{config.host}:{config.port}"
@@ -333,11 +362,16 @@ def start_broker(config: BrokerConfig) -> RunningBroker:
     """Open the data directory (recovering it) and serve on ``config.host:config.port``
     (port 0 picks a free one: read ``.port``)."""
     guard = AccessGuard(config.acl_file) if config.acl_file else None  # a bad ACL file fails before any open
+    link = None
+    if config.clustered:
+        from broker.cluster.link import ReplicationLink
+
+        link = ReplicationLink.from_config(config)  # likewise its TLS and secret files
     service = BrokerService(config)
     if config.clustered:
         from broker.cluster.node import ClusterNode  # kazoo is the `cluster` extra: imported only when used
 
-        service.cluster = ClusterNode(service)
+        service.cluster = ClusterNode(service, link)
     pool = futures.ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="orderlymq-rpc")
     loop = _LoopThread()
     server = None

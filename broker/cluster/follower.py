@@ -17,6 +17,7 @@ import threading
 import grpc
 
 from broker.cluster.epochs import EpochHistory, queue_key, truncation_points
+from broker.cluster.link import ReplicationLink
 from broker.cluster.txnlog import apply_changes
 from broker.proto import orderlymq_pb2 as pb
 from broker.proto import orderlymq_pb2_grpc as pb_grpc
@@ -28,20 +29,23 @@ __all__ = ["ReplicaFetcher"]
 log = logging.getLogger(__name__)
 
 _RETRY_S = 0.2
+_REFUSED = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
+_REFUSED_RETRY_S = 2.0
 _ANSWER_TIMEOUT_S = 5.0  # the master answers an idle fetch within half a second
 
 
 class ReplicaFetcher(threading.Thread):
-    """Copies the master at ``master_address`` of ``epoch`` until ``stop()``."""
+    """Copies the master at ``master_address`` of ``epoch`` until ``stop()``, dialing it over ``link``."""
 
     def __init__(self, service: BrokerService, history: EpochHistory, broker_id: int, master_address: str,
-                 epoch: int) -> None:
+                 epoch: int, link: ReplicationLink | None = None) -> None:
         super().__init__(name=f"orderlymq-replica-of-{master_address}", daemon=True)
         self.service = service
         self.history = history
         self.broker_id = broker_id
         self.master_address = master_address
         self.epoch = epoch
+        self.link = link or ReplicationLink()
         self._stopped = threading.Event()
         self._call: grpc.Future | None = None
         self._offsets_version = 0
@@ -60,7 +64,15 @@ class ReplicaFetcher(threading.Thread):
             try:
                 self._follow()
             except grpc.RpcError as err:
-                if not self._stopped.is_set():
+                if self._stopped.is_set():
+                    pass
+                elif err.code() in _REFUSED or "handshake" in (err.details() or "").lower():
+                    # a setting to fix: said loudly, and retried in case it gets fixed
+                    log.error("replication from %s refused: %s; check replication_tls_ca_file, "
+                              "replication_access_key and replication_secret_file here, the master's certificate "
+                              "and its ACL file", self.master_address, err.details())
+                    self._stopped.wait(_REFUSED_RETRY_S)
+                else:
                     log.info("replication from %s: %s; retrying", self.master_address, err.details() or err.code())
             except (OrderlyMQError, OSError) as exc:
                 log.warning("replication from %s failed: %s; retrying", self.master_address, exc)
@@ -70,9 +82,8 @@ class ReplicaFetcher(threading.Thread):
 
     def _follow(self) -> None:
         requests: queue_mod.SimpleQueue = queue_mod.SimpleQueue()
-        with grpc.insecure_channel(self.master_address, options=[("grpc.max_receive_message_length", 256 << 20)]) \
-                as channel:
-            call = pb_grpc.ReplicationStub(channel).Replicate(iter(requests.get, None))
+        with self.link.channel(self.master_address) as channel:
+            call = pb_grpc.ReplicationStub(channel).Replicate(iter(requests.get, None), metadata=self.link.metadata())
             self._call = call
             try:
                 if self._stopped.is_set():

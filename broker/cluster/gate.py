@@ -2,8 +2,10 @@
 ``Health`` on a broker that is not master, with ``NotMasterError`` naming the master.
 
 A refusal happens before the request is read, so nothing was done and the client may send it to
-the master whatever the call. A ``SendStream`` opened while master is also checked per request
-(``BrokerService.Send``), since the role may change while it is open.
+the master whatever the call. Under access control the caller is authenticated first (``admit``):
+a caller without valid credentials learns nothing, not even where the master is. A ``SendStream``
+opened while master is also checked per request (``BrokerService.Send``), since the role may
+change while it is open.
 """
 
 from __future__ import annotations
@@ -19,8 +21,12 @@ _ALWAYS_SERVED = frozenset({_SERVICE + "Health"})
 
 
 class MasterGate(grpc.aio.ServerInterceptor):
-    def __init__(self, require_master) -> None:
+    """``admit(context, method)``, when given, authenticates a caller before it is refused (and
+    ends the call UNAUTHENTICATED when it cannot)."""
+
+    def __init__(self, require_master, admit=None) -> None:
         self.require_master = require_master
+        self.admit = admit
 
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
@@ -30,12 +36,14 @@ class MasterGate(grpc.aio.ServerInterceptor):
         try:
             self.require_master()
         except NotMasterError as exc:
-            return _refusal(handler, exc)
+            return _refusal(handler, exc, method.rsplit("/", 1)[1], self.admit)
         return handler
 
 
-def _refusal(handler: grpc.RpcMethodHandler, exc: NotMasterError) -> grpc.RpcMethodHandler:
+def _refusal(handler: grpc.RpcMethodHandler, exc: NotMasterError, method: str, admit) -> grpc.RpcMethodHandler:
     async def refuse(context: grpc.aio.ServicerContext) -> None:
+        if admit is not None:
+            await admit(context, method)
         await context.abort(exc.code, str(exc), trailing_metadata=status_metadata(exc))
 
     if handler.request_streaming:

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from broker.cluster.control import GroupControl, GroupState
 from broker.cluster.epochs import EpochHistory, queue_key
 from broker.cluster.follower import ReplicaFetcher
+from broker.cluster.link import ReplicationLink
 from broker.cluster.replication import ReplicaSource
 from broker.proto import orderlymq_pb2 as pb
 from broker.service import BrokerService
@@ -47,8 +48,9 @@ class Role:
 class ClusterNode:
     """The cluster side of one broker: ZooKeeper control, replication, role changes."""
 
-    def __init__(self, service: BrokerService) -> None:
+    def __init__(self, service: BrokerService, link: ReplicationLink | None = None) -> None:
         config = service.config
+        self.link = link or ReplicationLink.from_config(config)  # how this broker dials a master
         self.service = service
         self.config = config
         self.broker_id = config.broker_id
@@ -230,7 +232,8 @@ class ClusterNode:
             return
         self._stop_following()
         self.epoch, self.master_address, self.role = state.epoch, state.master_address, Role.SLAVE
-        self._fetcher = ReplicaFetcher(self.service, self.history, self.broker_id, state.master_address, state.epoch)
+        self._fetcher = ReplicaFetcher(self.service, self.history, self.broker_id, state.master_address, state.epoch,
+                                       self.link)
         self._fetcher.start()
         log.info("broker %d follows master %d at %s (group %s, epoch %d)", self.broker_id, state.master,
                  state.master_address, self.config.broker_name, state.epoch)

@@ -195,9 +195,12 @@ class ReplicaSource:
 
     # -- serving fetches -----------------------------------------------------------------------
 
-    def rpc_handler(self) -> grpc.GenericRpcHandler:
+    def rpc_handler(self, guarded: Callable[[str, Callable], Callable] | None = None) -> grpc.GenericRpcHandler:
+        """The ``Replication`` service; ``guarded(name, behaviour)``, under access control, wraps
+        the stream in its authentication and authorization."""
+        behaviour = self._replicate if guarded is None else guarded("Replicate", self._replicate)
         handler = grpc.stream_stream_rpc_method_handler(
-            self._replicate, request_deserializer=pb.ReplicaFetch.FromString,
+            behaviour, request_deserializer=pb.ReplicaFetch.FromString,
             response_serializer=pb.ReplicaData.SerializeToString)
         return grpc.method_handlers_generic_handler("orderlymq.v1.Replication", {"Replicate": handler})
 

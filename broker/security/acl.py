@@ -12,8 +12,9 @@
     resources = ["topic:orders-*", "group:billing"]
 
 Resources are ``topic:<glob>``, ``group:<glob>`` or ``broker`` (broker-wide listings), globs as
-in ``fnmatch`` (``*``, ``?``, ``[seq]``), case-sensitive. Nothing is allowed unless a rule allows
-it. Pure data and file I/O, no server: the broker reads it (``guard``), the CLI edits it.
+in ``fnmatch`` (``*``, ``?``, ``[seq]``), case-sensitive. The ``replicate`` action (a slave
+copying its master: every topic, offset and transaction) applies to ``broker`` only. Nothing is
+allowed unless a rule allows it. Pure data and file I/O, no server: the broker reads it (``guard``), the CLI edits it.
 """
 
 from __future__ import annotations
@@ -32,9 +33,11 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
-__all__ = ["ACTIONS", "EFFECTS", "AclDocument", "Rule", "load_acl", "save_acl"]
+__all__ = ["ACTIONS", "EFFECTS", "REPLICATE", "AclDocument", "Rule", "load_acl", "save_acl"]
 
-ACTIONS = ("publish", "subscribe", "admin")
+ACTIONS = ("publish", "subscribe", "admin", "replicate")
+#: The action of a broker group's slaves on their master's Replicate stream.
+REPLICATE = "replicate"
 EFFECTS = ("allow", "deny")
 ANY_USER = "*"
 BROKER_RESOURCE = "broker"
@@ -68,6 +71,9 @@ class Rule:
             raise InvalidOptionError("a rule needs at least one resource")
         for resource in self.resources:
             _check_resource(resource)
+        if REPLICATE in self.actions and set(self.resources) != {BROKER_RESOURCE}:
+            raise InvalidOptionError(f"the {REPLICATE} action applies to the resource {BROKER_RESOURCE!r} only "
+                                     f"(a slave copies the whole broker), got {list(self.resources)!r}")
 
     def matches(self, user: str, action: str, resource: str) -> bool:
         return (self.user in (user, ANY_USER) and action in self.actions

@@ -4,8 +4,9 @@ Publishing needs ``publish`` on the topic; reading needs ``subscribe`` on the to
 moves or guards a group's progress (offsets, queue locks, membership) also ``subscribe`` on the
 group; topic changes need ``admin``; broker-wide listings ``admin`` on ``broker``. A topic's
 route (``DescribeTopic``) is shown to anyone with any right on it (``DESCRIBE``): producers look
-it up too. A method
-missing from the table is refused, so a new RPC cannot slip through unchecked.
+it up too; a slave's ``Replicate`` stream needs ``replicate`` on ``broker``, which no other
+right implies. A method missing from the table is refused, so a new RPC cannot slip through
+unchecked.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from broker.security.acl import BROKER_RESOURCE
+from broker.security.acl import BROKER_RESOURCE, REPLICATE
 
 __all__ = ["ANY_PUBLISH", "AUTHENTICATED_ONLY", "DESCRIBE", "RPC_RIGHTS", "required_rights"]
 
@@ -73,6 +74,8 @@ RPC_RIGHTS: dict[str, Callable[[Any], tuple[Right, ...]]] = {
     "ListConsumers": _group,
     "ListGroups": lambda r: (("admin", BROKER_RESOURCE),),
     "ListTransactions": lambda r: (("admin", BROKER_RESOURCE),),
+    # orderlymq.v1.Replication: a broker group's slave copying everything its master holds.
+    "Replicate": lambda r: ((REPLICATE, BROKER_RESOURCE),),
 }
 
 

@@ -11,6 +11,9 @@ import grpc
 from broker.launcher import BrokerProcess
 from broker.proto import orderlymq_pb2 as pb
 from broker.proto import orderlymq_pb2_grpc as pb_grpc
+from broker.wire.credentials import Credentials
+from broker.wire.tls import TlsOptions
+from connector.client.connection import open_channel
 from tests.faults.brokers import broker_process
 
 __all__ = ["CLUSTER_BROKER", "BrokerGroup"]
@@ -24,7 +27,10 @@ class BrokerGroup:
     """``size`` brokers of group ``name`` under ``root``, started in id order (broker 0 is the
     first master); settings are ``BrokerConfig`` names."""
 
-    def __init__(self, root: Path, zookeeper: str, size: int, name: str = "group-a", **settings) -> None:
+    def __init__(self, root: Path, zookeeper: str, size: int, name: str = "group-a", *,
+                 tls: TlsOptions | None = None, credentials: Credentials | None = None, **settings) -> None:
+        self.tls = tls  # how this harness asks the brokers for their health (secure groups)
+        self.metadata = credentials.metadata() if credentials is not None else None
         self.brokers: list[BrokerProcess] = [
             broker_process(root / f"broker-{i}", zookeeper=zookeeper, broker_name=name, broker_id=i,
                            **(CLUSTER_BROKER | settings))
@@ -47,9 +53,9 @@ class BrokerGroup:
         """The broker's Health answer, None when it does not answer within a second."""
         if broker.proc is None or broker.proc.poll() is not None:
             return None
-        with grpc.insecure_channel(broker.address) as channel:
+        with open_channel(broker.address, self.tls) as channel:
             try:
-                return pb_grpc.OrderlyMQStub(channel).Health(pb.HealthRequest(), timeout=1.0)
+                return pb_grpc.OrderlyMQStub(channel).Health(pb.HealthRequest(), timeout=1.0, metadata=self.metadata)
             except grpc.RpcError:
                 return None
 

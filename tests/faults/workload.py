@@ -53,9 +53,10 @@ class KeyedProducer(threading.Thread):
     """
 
     def __init__(self, address: str, topic: str, keys: list[str], history: History, *, rate: float,
-                 window: int = 32, retry_timeout: float = 60.0, limit: int | None = None) -> None:
+                 window: int = 32, retry_timeout: float = 60.0, limit: int | None = None, **client) -> None:
         super().__init__(name=f"producer-{keys[0]}", daemon=True)
         self.address, self.topic, self.keys = address, topic, keys
+        self.client = client  # tls=, credentials= of the Producer
         self.history = history
         self.rate, self.window, self.retry_timeout, self.limit = rate, window, retry_timeout, limit
         self.stop = threading.Event()
@@ -66,7 +67,7 @@ class KeyedProducer(threading.Thread):
         pending: deque[tuple[str, int, Future]] = deque()
         seqs = dict.fromkeys(self.keys, 0)
         started, sent = time.monotonic(), 0
-        with Producer(self.address, retry_timeout=self.retry_timeout) as producer:
+        with Producer(self.address, retry_timeout=self.retry_timeout, **self.client) as producer:
             while not self.stop.is_set() and (self.limit is None or sent < self.limit):
                 key = self.keys[sent % len(self.keys)]
                 seq = seqs[key]

@@ -47,9 +47,9 @@ class CertificateAuthority:
         self.ca_file = str(directory / f"{name.replace(' ', '-')}.pem")
         Path(self.ca_file).write_bytes(self.cert.public_bytes(serialization.Encoding.PEM))
 
-    def issue(self, common_name: str, *, server: bool = True) -> Issued:
-        """A certificate for ``common_name``: a server one valid for localhost and 127.0.0.1, or a
-        client one."""
+    def issue(self, common_name: str, *, server: bool = True, client: bool = False) -> Issued:
+        """A certificate for ``common_name``: a server one valid for localhost and 127.0.0.1, a
+        client one, or (``client=True``) one for both ends, as a broker group's members use."""
         key = ec.generate_private_key(ec.SECP256R1())
         now = datetime.datetime.now(datetime.timezone.utc)
         builder = (
@@ -57,7 +57,8 @@ class CertificateAuthority:
             .public_key(key.public_key()).serial_number(x509.random_serial_number())
             .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
             .add_extension(x509.ExtendedKeyUsage(
-                [ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+                [ExtendedKeyUsageOID.SERVER_AUTH] * server + [ExtendedKeyUsageOID.CLIENT_AUTH] * (client or not server)),
+                critical=False)
         )
         if server:
             builder = builder.add_extension(x509.SubjectAlternativeName(

@@ -32,8 +32,18 @@ def test_globs_and_deny_beats_allow():
 
 
 def test_every_rpc_has_its_rights():
-    methods = {m.name for m in pb.DESCRIPTOR.services_by_name["OrderlyMQ"].methods}
+    methods = {m.name for service in ("OrderlyMQ", "Replication") for m in pb.DESCRIPTOR.services_by_name[service].methods}
     assert methods == set(RPC_RIGHTS)
+
+
+def test_replicate_is_a_right_on_the_broker_alone_and_implied_by_no_other():
+    acl = AclDocument({}, (Rule("admin", "allow", ("admin", "publish", "subscribe"), ("topic:*", "group:*", "broker")),
+                           Rule("replicator", "allow", ("replicate",), ("broker",))))
+    assert acl.allows("replicator", "replicate", "broker")
+    assert not acl.allows("admin", "replicate", "broker")
+    assert not acl.allows("replicator", "subscribe", "topic:orders")
+    with pytest.raises(InvalidOptionError, match="the replicate action applies to the resource 'broker' only"):
+        Rule("replicator", "allow", ("replicate",), ("topic:*",))
 
 
 def test_secrets_are_stored_as_salted_hashes():

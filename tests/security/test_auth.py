@@ -156,3 +156,14 @@ def test_a_broker_without_acl_ignores_credentials(broker, topic_name):
         admin.create_topic(topic_name, 1)
     with _conn(broker) as conn:
         assert send_rows(conn, topic_name, 0, [{"key": "k", "body": b"x"}]).count == 1
+
+
+@pytest.mark.parametrize("method", ["QueryRoute", "SendMessage", "ReceiveMessage", "Telemetry"])
+def test_rocketmq_clients_are_refused_with_the_reason_under_access_control(secure_broker, method):
+    with grpc.insecure_channel(secure_broker.address) as channel:
+        call = channel.stream_stream(f"/apache.rocketmq.v2.MessagingService/{method}")
+        with pytest.raises(grpc.RpcError) as refused:
+            list(call(iter([b"\x0a\x00"]), timeout=10, metadata=credentials("admin").metadata()))
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION, refused.value
+    assert "does not serve the RocketMQ 5 protocol" in refused.value.details()
+    assert "HMAC of their plaintext secret key" in refused.value.details()

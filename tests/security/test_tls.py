@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from broker.config import BrokerConfig
@@ -92,8 +94,24 @@ def test_tls_settings_go_together():
         TlsOptions(cert_file="c")
 
 
-def test_a_broker_group_refuses_tls_and_acl_until_replication_carries_them():
-    with pytest.raises(InvalidOptionError, match="acl_file cannot be combined with zookeeper yet"):
-        BrokerConfig(zookeeper="127.0.0.1:2181", acl_file="acl.toml")
-    with pytest.raises(InvalidOptionError, match="tls_cert_file cannot be combined with zookeeper"):
-        BrokerConfig(zookeeper="127.0.0.1:2181", tls_cert_file="c", tls_key_file="k")
+def test_a_broker_group_settings_of_its_replication_links():
+    group = {"zookeeper": "127.0.0.1:2181"}
+    with pytest.raises(InvalidOptionError, match="a broker group with acl_file needs replication_access_key and "
+                                                 "replication_secret_file.*acl allow <user> replicate broker"):
+        BrokerConfig(**group, acl_file="acl.toml")
+    with pytest.raises(InvalidOptionError, match="replication_access_key and replication_secret_file go together"):
+        BrokerConfig(**group, acl_file="acl.toml", replication_access_key="replicator")
+    with pytest.raises(InvalidOptionError, match="replication_tls_ca_file is for replication over TLS: it needs "
+                                                 "tls_cert_file"):
+        BrokerConfig(**group, replication_tls_ca_file="ca.pem")
+    with pytest.raises(InvalidOptionError, match="replication_tls_cert_file and replication_tls_key_file go together"):
+        BrokerConfig(**group, tls_cert_file="c", tls_key_file="k", replication_tls_cert_file="rc")
+    secure = BrokerConfig(**group, tls_cert_file="c", tls_key_file="k", acl_file="acl.toml",
+                          replication_access_key="replicator", replication_secret_file="replicator.secret")
+    assert secure.clustered and secure.tls
+
+
+@pytest.mark.parametrize("example", ["broker-secure.toml", "cluster/broker-a-0-secure.toml"])
+def test_secure_example_configs_are_valid(example):
+    config = BrokerConfig.from_toml(Path(__file__).parents[2] / "conf" / example)
+    assert config.tls and config.acl_file and config.tls_client_ca_file

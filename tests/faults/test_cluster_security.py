@@ -1,0 +1,210 @@
+"""Broker groups with TLS (mutual) and access control on every link, real ZooKeeper and brokers.
+
+Slaves dial their master over TLS, verify its certificate and present their own, and open the
+``Replicate`` stream as a user with the ``replicate`` right; clients follow ``NotMasterError``
+and read ``orderlymq cluster status`` with their own TLS and credentials. Judged by the strict
+checker: a failover under producers and an orderly group loses, duplicates and reorders nothing.
+Refusals: a caller without credentials (UNAUTHENTICATED, on the slaves too), an admin of every
+topic without the replicate right (PERMISSION_DENIED), a slave trusting another CA or holding a
+wrong secret (never replicates, says why in its log).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from broker.proto import orderlymq_pb2 as pb
+from broker.proto import orderlymq_pb2_grpc as pb_grpc
+from broker.security.acl import AclDocument, Rule, load_acl, save_acl
+from broker.security.hashing import hash_secret
+from broker.wire.credentials import Credentials
+from broker.wire.tls import TlsOptions
+from connector.cli import main as cli_main
+from connector.client import Admin, Producer
+from connector.client.connection import BrokerConnection, open_channel
+from connector.history import History, check
+from tests.faults.brokers import broker_process
+from tests.faults.cluster_group import CLUSTER_BROKER
+from tests.faults.fault_profile import PROFILE
+from tests.faults.workload import KeyedProducer, shutdown_all, start_orderly_group, stored_deliveries
+from tests.security.pki import CertificateAuthority
+from tests.support import wait_until
+
+TOPIC, GROUP, QUEUES = "orders", "order-service", 4
+KILLS = 2 if PROFILE.name == "short" else 6
+SECRETS = {"admin": "admin-secret-0001", "app": "app-secret-000002", "replicator": "replicator-secret-3"}
+
+
+def creds(user: str) -> Credentials:
+    return Credentials(user, SECRETS[user])
+
+
+class SecureGroupFiles:
+    """A CA, one broker certificate (127.0.0.1), a client certificate, the ACL file and the
+    replication user's secret file; ``settings`` are every broker's security settings."""
+
+    def __init__(self, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self.ca = CertificateAuthority(directory)
+        self.broker = self.ca.issue("broker", client=True)  # also presented to the master as a slave
+        client = self.ca.issue("client", server=False)
+        self.client_tls = TlsOptions(ca_file=self.ca.ca_file, cert_file=client.cert_file, key_file=client.key_file)
+        self.acl = directory / "acl.toml"
+        save_acl(self.acl, AclDocument({user: hash_secret(secret) for user, secret in SECRETS.items()}, (
+            Rule("admin", "allow", ("admin", "publish", "subscribe"), ("topic:*", "group:*", "broker")),
+            Rule("app", "allow", ("publish", "subscribe"), (f"topic:{TOPIC}", f"group:{GROUP}")),
+            Rule("app", "allow", ("admin", "publish"), (f"topic:%DLQ%{GROUP}",)),  # the group's dead letters
+            Rule("replicator", "allow", ("replicate",), ("broker",)),
+        )))
+        self.secret_file = directory / "replicator.secret"
+        self.secret_file.write_text(SECRETS["replicator"] + "\n")
+        self.settings = dict(
+            tls_cert_file=self.broker.cert_file, tls_key_file=self.broker.key_file,
+            tls_client_ca_file=self.ca.ca_file, replication_tls_ca_file=self.ca.ca_file,
+            acl_file=str(self.acl), replication_access_key="replicator",
+            replication_secret_file=str(self.secret_file))
+
+    def client(self, user: str) -> dict:
+        """The ``tls`` and ``credentials`` keywords of a client acting as ``user``."""
+        return {"tls": self.client_tls, "credentials": creds(user)}
+
+
+@pytest.fixture
+def secure(tmp_path) -> SecureGroupFiles:
+    return SecureGroupFiles(tmp_path / "pki")
+
+
+def secure_group(broker_group, secure: SecureGroupFiles, size: int):
+    return broker_group(size, tls=secure.client_tls, credentials=creds("admin"), **secure.settings)
+
+
+def test_tls_acl_group_fails_over_losing_nothing(broker_group, secure, fault_report, monkeypatch, capsys):
+    group = secure_group(broker_group, secure, 3)
+    with Admin(group.addresses, **secure.client("admin")) as admin:
+        admin.create_topic(TOPIC, QUEUES)
+    history = History()
+    consumers = start_orderly_group(group.addresses, TOPIC, GROUP, PROFILE.consumers, history, **secure.client("app"))
+    producers = [KeyedProducer(group.addresses, TOPIC, [f"p{p}-k{k}" for k in range(PROFILE.keys_per_producer)],
+                               history, rate=PROFILE.send_rate, **secure.client("app"))
+                 for p in range(PROFILE.producers)]
+    elections = []
+    try:
+        for producer in producers:
+            producer.start()
+        for _ in range(KILLS):
+            time.sleep(PROFILE.cycle_seconds)
+            master = group.wait_for_master()
+            master.kill9()
+            killed = time.monotonic()
+            group.wait_for_master(exclude=master)
+            elections.append(time.monotonic() - killed)
+            master.start()  # back as a slave, over TLS and as the replication user
+        time.sleep(PROFILE.cycle_seconds)
+        for producer in producers:
+            producer.stop.set()
+        for producer in producers:
+            producer.join()
+        caught_up = wait_until(history.delivered_all_acked, timeout=120)
+    finally:
+        for producer in producers:
+            producer.stop.set()
+        shutdown_all(consumers)
+    with BrokerConnection(group.addresses, **secure.client("admin")) as conn:
+        log = check(history.sends, stored_deliveries(conn, TOPIC))
+    consumed = history.check()
+    fault_report("cluster: TLS + ACL group, master kill -9 loop, 3 brokers", {"log": log, "consumed": consumed},
+                 kills=KILLS, election_s_max=round(max(elections), 2))
+    assert log.ok and log.acked > 0, str(log)
+    assert caught_up and consumed.lost == 0, str(consumed)
+    assert consumed.out_of_order == 0 and consumed.unexpected == 0, str(consumed)
+
+    # Every slave is back in the sync-state set over its secure link; cluster status shows it.
+    master = group.wait_for_master()
+    assert wait_until(lambda: len(group.health(master).sync_set) == 3, timeout=60), group.health(master)
+    monkeypatch.setenv("ORDERLYMQ_ACCESS_KEY", "admin")
+    monkeypatch.setenv("ORDERLYMQ_SECRET_KEY", SECRETS["admin"])
+    tls_flags = ["--tls-ca-file", secure.ca.ca_file, "--tls-cert-file", secure.client_tls.cert_file,
+                 "--tls-key-file", secure.client_tls.key_file]
+    capsys.readouterr()
+    assert cli_main(["--brokers", group.addresses, *tls_flags, "--timeout", "5", "cluster", "status"]) == 0
+    out = capsys.readouterr().out
+    assert "MASTER" in out and out.count("SLAVE") == 2 and "unreachable" not in out, out
+    assert "sync-state set [0, 1, 2]" in out, out
+
+
+def _replicate(address: str, tls: TlsOptions, metadata=None) -> grpc.RpcError:
+    """Open a Replicate stream as a slave would and return how it ends."""
+    with open_channel(address, tls) as channel:
+        stream = pb_grpc.ReplicationStub(channel).Replicate(
+            iter([pb.ReplicaFetch(broker_id=9, group_epoch=1, handshake=True)]), metadata=metadata, timeout=10)
+        with pytest.raises(grpc.RpcError) as refused:
+            list(stream)
+    return refused.value
+
+
+def test_replication_needs_the_replicate_right(broker_group, secure):
+    group = secure_group(broker_group, secure, 2)
+    master, slave = group.brokers
+    group.wait_for_role(slave, "SLAVE")
+
+    no_credentials = _replicate(master.address, secure.client_tls)
+    assert no_credentials.code() == grpc.StatusCode.UNAUTHENTICATED, no_credentials
+    assert "no credentials" in no_credentials.details()
+    admin = _replicate(master.address, secure.client_tls, creds("admin").metadata())
+    assert admin.code() == grpc.StatusCode.PERMISSION_DENIED, admin
+    assert "user 'admin' may not replicate on broker" in admin.details()
+
+    # The slave refuses a caller without credentials as UNAUTHENTICATED, not with the master's address.
+    with open_channel(slave.address, secure.client_tls) as channel:
+        with pytest.raises(grpc.RpcError) as anonymous:
+            pb_grpc.OrderlyMQStub(channel).ListTopics(pb.ListTopicsRequest(), timeout=10)
+    assert anonymous.value.code() == grpc.StatusCode.UNAUTHENTICATED, anonymous.value
+    assert master.address not in anonymous.value.details()
+
+    # A client given only the slave follows its NotMasterError to the master, with its TLS and credentials.
+    with Admin(slave.address, **secure.client("admin")) as admin_client:
+        admin_client.create_topic(TOPIC, 1)
+    with Producer(slave.address, **secure.client("app")) as producer:
+        for i in range(10):
+            producer.send(TOPIC, f"k:{i}".encode(), key="k")
+    assert wait_until(lambda: [r.behind_messages for r in group.health(master).replicas] == [0])
+
+    # Revoking the replicate right stops the slave's stream at its next fetch; granting it again resumes it.
+    acl = load_acl(secure.acl)
+    save_acl(secure.acl, AclDocument(acl.users, tuple(r for r in acl.rules if r.user != "replicator")))
+    assert wait_until(lambda: not group.health(master).replicas[0].connected, timeout=30), group.health(master)
+    save_acl(secure.acl, acl)
+    assert wait_until(lambda: group.health(master).replicas[0].connected, timeout=30), group.health(master)
+
+
+def test_slaves_with_a_wrong_ca_or_secret_are_refused(broker_group, zookeeper, secure, tmp_path):
+    group = secure_group(broker_group, secure, 1)
+    master = group.brokers[0]
+    other_ca = CertificateAuthority(tmp_path / "pki", name="another CA")
+    wrong_secret = tmp_path / "wrong.secret"
+    wrong_secret.write_text("not-the-replicator-secret")
+    slaves = {
+        "CERTIFICATE_VERIFY_FAILED": secure.settings | {"replication_tls_ca_file": other_ca.ca_file},
+        "wrong secret key for access key 'replicator'": secure.settings | {"replication_secret_file": str(wrong_secret)},
+    }
+    started = []
+    for broker_id, (expected, settings) in enumerate(slaves.items(), 1):
+        slave = broker_process(tmp_path / f"slave-{broker_id}", zookeeper=zookeeper.connect_string,
+                               broker_name="group-a", broker_id=broker_id, **(CLUSTER_BROKER | settings))
+        started.append((slave.start(), expected))
+    try:
+        for slave, expected in started:
+            group.wait_for_role(slave, "SLAVE")
+            assert wait_until(lambda s=slave, e=expected: e in s.log_path.read_text(), timeout=60), \
+                slave.log_path.read_text()[-3000:]
+            assert "replication from" in slave.log_path.read_text()
+        replicas = group.health(master).replicas
+        assert not [r for r in replicas if r.connected], replicas
+        assert list(group.health(master).sync_set) == [0]
+    finally:
+        for slave, _ in started:
+            slave.kill9()
