@@ -34,10 +34,11 @@ from broker.config import BrokerConfig
 from broker.metrics import BrokerMetrics
 from broker.proto import orderlymq_pb2 as pb
 from broker.rocketmq import ACL_REFUSAL, refusal_handler, rocketmq_handler
+from broker.security.certificates import server_credentials
 from broker.security.guard import AccessGuard
+from broker.security.throttle import peer_host
 from broker.service import BrokerService
 from broker.wire.errors import ERROR_KIND_KEY, PermissionDeniedError, UnauthenticatedError, status_metadata, to_status
-from broker.wire.tls import server_credentials
 
 __all__ = ["BrokerService", "RunningBroker", "start_broker"]
 
@@ -89,9 +90,9 @@ class _Transport:
 
     async def authenticate(self, context: grpc.aio.ServicerContext) -> str:
         """The caller's user; a first sight of its secret costs a scrypt, so that runs on a thread."""
-        metadata = context.invocation_metadata()
-        user = self.guard.recognise(metadata)
-        return user if user is not None else await self.on_thread(self.guard.authenticate, metadata)
+        metadata, host = context.invocation_metadata(), peer_host(context.peer())
+        user = self.guard.recognise(metadata, host)
+        return user if user is not None else await self.on_thread(self.guard.authenticate, metadata, host)
 
     async def admit(self, context: grpc.aio.ServicerContext, method: str, started: float | None = None) -> str:
         """The caller's user, or the call ends UNAUTHENTICATED before its request is even parsed."""

@@ -21,6 +21,8 @@ from typing import Any
 from broker.security.acl import ACTIONS, AclDocument, load_acl
 from broker.security.hashing import verify_secret
 from broker.security.rights import ANY_PUBLISH, DESCRIBE, required_rights
+from broker.security.throttle import FailureThrottle
+from broker.security.watch import FileWatch
 from broker.wire.credentials import ACCESS_KEY_HEADER, SECRET_KEY_HEADER
 from broker.wire.errors import InvalidOptionError, PermissionDeniedError, UnauthenticatedError
 
@@ -52,28 +54,6 @@ def _credentials_of(metadata: Iterable[Any]) -> tuple[str, str]:
     return key, secret
 
 
-class _FileWatch:
-    """Tells whether a file changed since it was last looked at (mtime, size, inode)."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.seen = self.signature()
-
-    def signature(self) -> tuple[int, int, int] | None:
-        try:
-            st = os.stat(self.path)
-        except OSError:
-            return None
-        return st.st_mtime_ns, st.st_size, st.st_ino
-
-    def changed(self) -> bool:
-        now = self.signature()
-        if now == self.seen:
-            return False
-        self.seen = now
-        return True
-
-
 class AccessGuard:
     """Authentication and authorization of every call, from the ACL file at ``path``.
 
@@ -83,7 +63,8 @@ class AccessGuard:
 
     def __init__(self, path: str, *, reload_interval_s: float = 1.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self._watch = _FileWatch(path)
+        self._throttle = FailureThrottle(clock)
+        self._watch = FileWatch(path)
         self._acl = load_acl(path)
         self._interval = reload_interval_s
         self._clock = clock
@@ -107,13 +88,14 @@ class AccessGuard:
             self._next_check = self._clock() + self._interval
             if not self._watch.changed():
                 return
+            path = self._watch.paths[0]
             try:
-                acl = load_acl(self._watch.path)
+                acl = load_acl(path)
             except InvalidOptionError as exc:
                 log.error("keeping the previous access rules: %s", exc)
                 return
             self._acl, self._verified, self._decisions = acl, {}, {}
-            log.info("ACL file %s reloaded: %d users, %d rules", self._watch.path, len(acl.users), len(acl.rules))
+            log.info("ACL file %s reloaded: %d users, %d rules", path, len(acl.users), len(acl.rules))
         finally:
             self._reload_lock.release()
 
@@ -122,9 +104,10 @@ class AccessGuard:
     def _digest(self, key: str, secret: str) -> bytes:
         return hmac.digest(self._digest_key, f"{key}\0{secret}".encode("utf-8", "surrogatepass"), hashlib.sha256)
 
-    def recognise(self, metadata: Iterable[Any]) -> str | None:
+    def recognise(self, metadata: Iterable[Any], host: str = "") -> str | None:
         """The user whose credentials were verified before, or None when a hash must be checked
-        (``authenticate``). Raises ``UnauthenticatedError`` when no check could succeed."""
+        (``authenticate``). Raises ``UnauthenticatedError`` when no check could succeed, or when
+        ``host`` (the caller's) failed too often with this key lately (``throttle``)."""
         key, secret = _credentials_of(metadata)
         acl = self.acl
         if not key or not secret:
@@ -132,18 +115,27 @@ class AccessGuard:
                                        f"its secret key (metadata {SECRET_KEY_HEADER})")
         if key not in acl.users:
             raise UnauthenticatedError(f"unknown access key {_shown(key)}: no such user in the broker's ACL file")
-        return self._verified.get(self._digest(key, secret))
+        user = self._verified.get(self._digest(key, secret))
+        if user is None:
+            pause = self._throttle.pause_left(host, key)
+            if pause > 0:
+                raise UnauthenticatedError(f"too many wrong secret keys for access key {_shown(key)} from "
+                                           f"{host or 'here'} lately: its secret is not checked for another "
+                                           f"{pause:.1f}s")
+        return user
 
-    def authenticate(self, metadata: Iterable[Any]) -> str:
+    def authenticate(self, metadata: Iterable[Any], host: str = "") -> str:
         """The user named by the call's credentials; ``UnauthenticatedError`` saying what is wrong.
         Costs one scrypt the first time a (key, secret) pair is seen: call it off the event loop."""
-        user = self.recognise(metadata)
+        user = self.recognise(metadata, host)
         if user is not None:
             return user
         key, secret = _credentials_of(metadata)
         acl = self._acl
         if not verify_secret(secret, acl.users.get(key, "")):
+            self._throttle.failed(host, key)
             raise UnauthenticatedError(f"wrong secret key for access key {_shown(key)}")
+        self._throttle.succeeded(host, key)
         if len(self._verified) >= _MEMORY_LIMIT:
             self._verified = {}
         self._verified[self._digest(key, secret)] = key

@@ -1,9 +1,9 @@
-"""TLS material as gRPC credentials, for both ends of a connection.
+"""TLS material as gRPC credentials for everything that dials a broker.
 
-One place builds them from PEM files: ``channel_credentials`` for everything that dials a broker
-(clients, the CLI, the Spark connector, replication links) and ``server_credentials`` for the
-broker's listening port. A missing or unreadable file is an ``InvalidOptionError`` naming the
-setting or option that pointed at it.
+One place builds them from PEM files: ``channel_credentials`` for the clients, the CLI, the Spark
+connector and replication links (the broker's own side, which follows renewed files, is
+``broker.security.certificates``). A missing or unreadable file is an ``InvalidOptionError``
+naming the setting or option that pointed at it.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import grpc
 
 from broker.wire.errors import InvalidOptionError
 
-__all__ = ["TLS_ENV", "TlsOptions", "channel_credentials", "channel_options", "read_pem", "server_credentials"]
+__all__ = ["TLS_ENV", "TlsOptions", "channel_credentials", "channel_options", "read_pem"]
 
 #: The environment variables of each ``TlsOptions`` field (how a helper process inherits them).
 TLS_ENV = {"ca_file": "ORDERLYMQ_TLS_CA_FILE", "cert_file": "ORDERLYMQ_TLS_CERT_FILE",
@@ -88,13 +88,3 @@ def channel_options(tls: TlsOptions | None) -> list[tuple[str, str]]:
     if tls is not None and tls.server_name:
         return [("grpc.ssl_target_name_override", tls.server_name)]
     return []
-
-
-def server_credentials(cert_file: str, key_file: str, client_ca_file: str | None = None) -> grpc.ServerCredentials:
-    """The broker's TLS: its certificate and key; with ``client_ca_file``, mutual TLS (a client must
-    present a certificate signed by that CA, or the handshake fails)."""
-    cert = read_pem(cert_file, "tls_cert_file")
-    key = read_pem(key_file, "tls_key_file")
-    client_ca = read_pem(client_ca_file, "tls_client_ca_file")
-    return grpc.ssl_server_credentials([(key, cert)], root_certificates=client_ca,
-                                       require_client_auth=client_ca is not None)

@@ -6,12 +6,16 @@ and read ``orderlymq cluster status`` with their own TLS and credentials. Judged
 checker: a failover under producers and an orderly group loses, duplicates and reorders nothing.
 Refusals: a caller without credentials (UNAUTHENTICATED, on the slaves too), an admin of every
 topic without the replicate right (PERMISSION_DENIED), a slave trusting another CA or holding a
-wrong secret (never replicates, says why in its log).
+wrong secret (never replicates, says why in its log), fuzzed credentials on ``Replicate`` (the
+group keeps replicating).
 """
 
 from __future__ import annotations
 
+import random
+import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 import grpc
@@ -32,6 +36,7 @@ from tests.faults.cluster_group import CLUSTER_BROKER
 from tests.faults.fault_profile import PROFILE
 from tests.faults.workload import KeyedProducer, shutdown_all, start_orderly_group, stored_deliveries
 from tests.security.pki import CertificateAuthority
+from tests.security.test_fuzz_auth import random_metadata
 from tests.support import wait_until
 
 TOPIC, GROUP, QUEUES = "orders", "order-service", 4
@@ -208,3 +213,51 @@ def test_slaves_with_a_wrong_ca_or_secret_are_refused(broker_group, zookeeper, s
     finally:
         for slave, _ in started:
             slave.kill9()
+
+
+def _fuzz_replicate(address: str, tls: TlsOptions, seed: int, calls: int, outcomes: list) -> None:
+    rng = random.Random(seed)
+    with open_channel(address, tls) as channel:
+        replicate = channel.stream_stream("/orderlymq.v1.Replication/Replicate")
+        for _ in range(calls):
+            requests = [rng.randbytes(rng.randint(0, 40)) for _ in range(rng.randint(0, 3))]
+            try:
+                list(replicate(iter(requests), timeout=10, metadata=random_metadata(rng)))
+                outcomes.append("ANSWERED")
+            except grpc.RpcError as err:
+                unsent = err.code() == grpc.StatusCode.INTERNAL and err.details() == "Invalid metadata"
+                outcomes.append("REFUSED BY THE CLIENT LIBRARY" if unsent else err.code())
+            except (ValueError, TypeError, UnicodeError):
+                outcomes.append("REFUSED BY THE CLIENT LIBRARY")
+
+
+def test_fuzzed_auth_metadata_on_replicate_never_crashes_the_group(broker_group, secure):
+    group = secure_group(broker_group, secure, 2)
+    master, slave = group.brokers
+    group.wait_for_role(slave, "SLAVE")
+    with Admin(group.addresses, **secure.client("admin")) as admin:
+        admin.create_topic(TOPIC, 2)
+    outcomes: list = []
+    fuzzers = [threading.Thread(target=_fuzz_replicate, args=(address, secure.client_tls, seed, 150, outcomes))
+               for seed, address in enumerate([master.address, slave.address] * 2)]
+    for fuzzer in fuzzers:
+        fuzzer.start()
+    history = History()
+    with Producer(group.addresses, **secure.client("app")) as producer:
+        sent = 0
+        while any(f.is_alive() for f in fuzzers) or sent < 200:
+            key = f"k{sent % 8}"
+            producer.send(TOPIC, f"{key}:{sent // 8}".encode(), key=key)
+            history.sent(key, sent // 8, acked=True)
+            sent += 1
+    for fuzzer in fuzzers:
+        fuzzer.join()
+
+    assert len(outcomes) == 600 and "ANSWERED" not in outcomes, Counter(outcomes)
+    reached = {o for o in outcomes if isinstance(o, grpc.StatusCode)}
+    assert reached <= {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.RESOURCE_EXHAUSTED}, Counter(outcomes)
+    assert group.health(master).role == "MASTER" and group.health(slave).role == "SLAVE"
+    assert wait_until(lambda: [r.behind_messages for r in group.health(master).replicas] == [0])
+    with BrokerConnection(group.addresses, **secure.client("admin")) as conn:
+        log = check(history.sends, stored_deliveries(conn, TOPIC))
+    assert log.ok and log.acked == sent, str(log)

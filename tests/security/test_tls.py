@@ -14,6 +14,7 @@ from connector.client.connection import BrokerConnection, pb
 from connector.client.producer import Producer
 from tests.security.conftest import credentials
 from tests.security.pki import CertificateAuthority
+from tests.support import wait_until
 
 
 def _health(address: str, tls: TlsOptions | None, **kwargs) -> str:
@@ -115,3 +116,33 @@ def test_a_broker_group_settings_of_its_replication_links():
 def test_secure_example_configs_are_valid(example):
     config = BrokerConfig.from_toml(Path(__file__).parents[2] / "conf" / example)
     assert config.tls and config.acl_file and config.tls_client_ca_file
+
+
+def _serves(address: str, tls: TlsOptions) -> bool:
+    try:
+        return _health(address, tls) == "SERVING"
+    except BrokerUnavailableError:
+        return False
+
+
+def test_renewed_certificate_files_apply_without_restart(broker_factory, tmp_path, caplog):
+    old_ca, new_ca = CertificateAuthority(tmp_path, "old CA"), CertificateAuthority(tmp_path, "new CA")
+    old, new = old_ca.issue("broker"), new_ca.issue("broker-renewed")
+    cert, key = tmp_path / "serving.crt", tmp_path / "serving.key"
+    cert.write_bytes(Path(old.cert_file).read_bytes())
+    key.write_bytes(Path(old.key_file).read_bytes())
+    broker = broker_factory(tls_cert_file=str(cert), tls_key_file=str(key))
+    trusts_old, trusts_new = TlsOptions(ca_file=old_ca.ca_file), TlsOptions(ca_file=new_ca.ca_file)
+    assert _serves(broker.address, trusts_old) and not _serves(broker.address, trusts_new)
+
+    # Half a renewal (the new certificate, the old key): refused, the current certificate stays.
+    Path(f"{cert}.tmp").write_bytes(Path(new.cert_file).read_bytes())
+    Path(f"{cert}.tmp").replace(cert)
+    assert wait_until(lambda: _serves(broker.address, trusts_old) and "keeping the current TLS certificate" in
+                      caplog.text), caplog.text
+    assert "not a matching PEM certificate and key" in caplog.text
+    # The other half: new connections get the renewed certificate, without a restart.
+    Path(f"{key}.tmp").write_bytes(Path(new.key_file).read_bytes())
+    Path(f"{key}.tmp").replace(key)
+    assert wait_until(lambda: _serves(broker.address, trusts_new)), caplog.text
+    assert not _serves(broker.address, trusts_old)
