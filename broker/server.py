@@ -47,6 +47,8 @@ log = logging.getLogger(__name__)
 # In memory and quick: answered on the loop. Every other RPC touches files or takes locks that
 # are held across file writes, so it runs on a worker thread.
 _ON_LOOP = frozenset({"Health", "DescribeTopic", "ListTopics", "Heartbeat", "LeaveGroup", "ListConsumers"})
+# In a cluster the topic calls read ZooKeeper: on a thread, never blocking the loop.
+_ON_LOOP_CLUSTERED = _ON_LOOP - {"DescribeTopic", "ListTopics"}
 # A send at most this big, not transactional, with flush = "async", is stored on the loop: it is a
 # page-cache write, cheaper than the hop to a thread. Bigger batches are decoded on a thread.
 _ON_LOOP_SEND_BYTES = 64 * 1024
@@ -124,7 +126,7 @@ class _Transport:
         run: Callable[[Any], Awaitable[Any]]
         if name == "Send":
             run = self.send
-        elif name in _ON_LOOP:
+        elif name in (_ON_LOOP_CLUSTERED if self.service.config.clustered else _ON_LOOP):
             async def run(request):
                 return body(request)
         else:

@@ -106,39 +106,61 @@ class BrokerService:
         if self.cluster is not None:
             self.cluster.changed(offsets)
 
+    def _queue(self, topic: str, queue_id: int) -> QueueLog:
+        """The queue a request names; in a cluster, ``WrongGroupError`` when another group holds it."""
+        if self.cluster is not None:
+            self.cluster.topics.check_holds(topic, queue_id)
+        return self.store.queue(topic, queue_id)
+
     # -- topics --------------------------------------------------------------------------------
 
     def _route(self, topic: str) -> pb.TopicRoute:
         return pb.TopicRoute(topic=topic, broker_name=self.config.broker_name,
                              queue_count=self.store.queue_count(topic))
 
+    # In a cluster the topics live in ZooKeeper, spread over the groups (broker.cluster.topics):
+    # any broker of any group answers these, each group's master creates its part.
+
     def CreateTopic(self, request):
+        if self.cluster is not None:
+            return self.cluster.create_topic(request.topic, request.queue_count, request.if_not_exists)
         count = self.store.create_topic(request.topic, request.queue_count, request.if_not_exists)
-        self._changed()
         return pb.TopicRoute(topic=request.topic, broker_name=self.config.broker_name, queue_count=count)
 
     def UpdateTopic(self, request):
+        if self.cluster is not None:
+            return self.cluster.grow_topic(request.topic, request.queue_count)
         self.store.grow_topic(request.topic, request.queue_count)
-        self._changed()
         return self._route(request.topic)
 
     def DescribeTopic(self, request):
+        if self.cluster is not None:
+            return self.cluster.describe_topic(request.topic)
         return self._route(request.topic)
 
     def ListTopics(self, request):
+        if self.cluster is not None:
+            return pb.ListTopicsResponse(topics=self.cluster.list_topics())
         return pb.ListTopicsResponse(topics=[
             pb.TopicRoute(topic=t, broker_name=self.config.broker_name, queue_count=n)
             for t, n in sorted(self.store.topics().items())
         ])
 
+    def DescribeCluster(self, request):
+        if self.cluster is None:
+            return pb.DescribeClusterResponse()
+        return self.cluster.describe_cluster()
+
     def DeleteTopic(self, request):
+        if self.cluster is not None:
+            self.cluster.delete_topic(request.topic)
+            return pb.DeleteTopicResponse()
         # Group state goes first: if the topic delete then fails (disk full), consumers re-read from
         # the start (duplicates); the other order could leave old offsets to skip a new topic's messages.
         self.store.queue_count(request.topic)
         self.offsets.drop_topic(request.topic)
         self.locks.drop_topic(request.topic)
         self.store.delete_topic(request.topic)
-        self._changed(offsets=True)
         return pb.DeleteTopicResponse()
 
     # -- produce -------------------------------------------------------------------------------
@@ -147,7 +169,7 @@ class BrokerService:
         """Store one batch (or stage it in a transaction); also each request of ``SendStream``."""
         if self.cluster is not None:  # a send stream may outlive this broker's term as master
             self.cluster.require_master()
-        queue = self.store.queue(request.topic, request.queue_id)
+        queue = self._queue(request.topic, request.queue_id)
         body, count = codec.message_batch(request.batch)
         if request.txn_id:
             with self._txn_changes() as record:
@@ -169,7 +191,7 @@ class BrokerService:
     def pull_queue(self, request) -> QueueLog:
         """Everything a pull checks before it may wait: the queue, the lock, the tags, the limits
         and the offset. Returns the queue to wait on and read."""
-        queue = self.store.queue(request.topic, request.queue_id)
+        queue = self._queue(request.topic, request.queue_id)
         if request.group:
             self.locks.check(request.group, request.topic, request.queue_id, request.client_id, request.epoch)
         parse_tag_expression(request.tag_expression)
@@ -199,7 +221,7 @@ class BrokerService:
                                     min_offset=queue.min_offset, max_offset=queue.visible_offset)
 
     def QueryOffsets(self, request):
-        queue = self.store.queue(request.topic, request.queue_id)
+        queue = self._queue(request.topic, request.queue_id)
         end = queue.visible_offset
         at = min(queue.offset_for_timestamp(request.timestamp), end) if request.has_timestamp else end
         return pb.QueryOffsetsResponse(min_offset=queue.min_offset, max_offset=end,
@@ -209,7 +231,7 @@ class BrokerService:
 
     def CommitOffset(self, request):
         _require(request.group, "group")
-        queue = self.store.queue(request.topic, request.queue_id)
+        queue = self._queue(request.topic, request.queue_id)
         if request.epoch or request.client_id:
             self.locks.check(request.group, request.topic, request.queue_id, request.client_id, request.epoch)
         if request.offset > queue.max_offset:
@@ -223,7 +245,7 @@ class BrokerService:
 
     def GetOffset(self, request):
         _require(request.group, "group")
-        self.store.queue(request.topic, request.queue_id)
+        self._queue(request.topic, request.queue_id)
         offset, client_id = self.offsets.committed(request.group, request.topic, request.queue_id)
         return pb.GetOffsetResponse(offset=offset, committed_by=client_id)
 
@@ -231,7 +253,7 @@ class BrokerService:
 
     def _check_queues(self, topic: str, queue_ids) -> list[int]:
         for qid in queue_ids:
-            self.store.queue(topic, qid)
+            self._queue(topic, qid)
         return list(queue_ids)
 
     def LockBatch(self, request):

@@ -1,5 +1,6 @@
 """Only a group's master serves: a server interceptor that refuses every orderlymq.v1 call but
-``Health`` on a broker that is not master, with ``NotMasterError`` naming the master.
+``Health`` and the topic calls (the cluster's topics live in ZooKeeper: any broker answers them)
+on a broker that is not master, with ``NotMasterError`` naming the master.
 
 A refusal happens before the request is read, so nothing was done and the client may send it to
 the master whatever the call. Under access control the caller is authenticated first (``admit``):
@@ -17,7 +18,8 @@ from broker.wire.errors import NotMasterError, status_metadata
 __all__ = ["MasterGate"]
 
 _SERVICE = "/orderlymq.v1.OrderlyMQ/"
-_ALWAYS_SERVED = frozenset({_SERVICE + "Health"})
+_ALWAYS_SERVED = frozenset(_SERVICE + name for name in (
+    "Health", "CreateTopic", "UpdateTopic", "DescribeTopic", "ListTopics", "DeleteTopic", "DescribeCluster"))
 
 
 class MasterGate(grpc.aio.ServerInterceptor):

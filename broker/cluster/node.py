@@ -10,8 +10,10 @@ One thread (``orderlymq-cluster``) makes every decision, woken by any change Zoo
   starts, raises the lock epoch floor to ``epoch << 32`` (every queue lock it grants fences
   every holder of an earlier master) and only then serves.
 
-A broker that is not master refuses every request but ``Health`` with ``NotMasterError`` naming
-the master (``gate.MasterGate``).
+A broker that is not master refuses every request but ``Health`` and the topic calls with
+``NotMasterError`` naming the master (``gate.MasterGate``). Topics are the cluster's, in ZooKeeper
+(``topics.TopicRegistry``): any broker creates, describes or deletes them, and a master keeps its
+group's part of them locally (``topic_keeper.TopicKeeper``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from broker.cluster.epochs import EpochHistory, queue_key
 from broker.cluster.follower import ReplicaFetcher
 from broker.cluster.link import ReplicationLink
 from broker.cluster.replication import ReplicaSource
+from broker.cluster.topic_keeper import TopicKeeper
+from broker.cluster.topics import TopicRegistry
 from broker.proto import orderlymq_pb2 as pb
 from broker.service import BrokerService
 from broker.wire.errors import NotMasterError
@@ -61,6 +65,8 @@ class ClusterNode:
         self.source = ReplicaSource(service, self.history, self.broker_id, self.not_master)
         self.control = GroupControl(config.zookeeper, config.cluster_name, config.broker_name, self.broker_id,
                                     session_timeout_s=config.zk_session_timeout_ms / 1000, on_change=self._wake_up)
+        self.registry = TopicRegistry(self.control.client, config.cluster_name)
+        self.topics = TopicKeeper(service, self.registry, config.broker_name)
         self._fetcher: ReplicaFetcher | None = None
         self._state: GroupState | None = None
         self._wake = threading.Event()
@@ -110,11 +116,38 @@ class ClusterNode:
             if wait and self.config.replication == "sync":
                 self.source.wait_txn_replicated(recorded[-1])
 
+    # -- topics: the cluster's, any broker answers -----------------------------------------------
+
+    def create_topic(self, topic: str, count: int, if_not_exists: bool) -> pb.TopicRoute:
+        return self.registry.route(topic, self.registry.create(topic, count, if_not_exists))
+
+    def grow_topic(self, topic: str, count: int) -> pb.TopicRoute:
+        return self.registry.route(topic, self.registry.grow(topic, count))
+
+    def describe_topic(self, topic: str) -> pb.TopicRoute:
+        return self.registry.route(topic, self.registry.require(topic))
+
+    def list_topics(self) -> list[pb.TopicRoute]:
+        addresses: dict = {}
+        return [self.registry.route(t, layout, addresses) for t, layout in sorted(self.registry.layouts().items())]
+
+    def delete_topic(self, topic: str) -> None:
+        self.registry.delete(topic)
+
+    def describe_cluster(self) -> pb.DescribeClusterResponse:
+        answer = pb.DescribeClusterResponse(cluster_name=self.config.cluster_name)
+        for group in self.registry.groups():
+            master, addresses = self.registry.group_addresses(group)
+            if addresses:
+                answer.groups.add(broker_name=group, master_address=master, addresses=addresses)
+        return answer
+
     # -- lifecycle -----------------------------------------------------------------------------
 
     def start(self, address: str) -> None:
         self.address = self.config.advertised_address or address
         self.control.start(self.address)
+        self.registry.start(self._wake_up)
         self._thread.start()
         log.info("broker %d of group %s joined cluster %s through ZooKeeper %s", self.broker_id,
                  self.config.broker_name, self.config.cluster_name, self.config.zookeeper)
@@ -161,6 +194,8 @@ class ClusterNode:
         holder = self.control.master_holder()
         if self.role == Role.MASTER:
             self._check_term(state, holder)
+            if self.role == Role.MASTER:
+                self.topics.keep()
             return
         if holder == self.broker_id:  # held by a dead process of this broker, or a term it stepped down from
             self.control.resign_master()
@@ -208,6 +243,7 @@ class ClusterNode:
         self.epoch, self._state = state.epoch, state
         self.master_address = self.address
         self.source.activate(state, starts)
+        self.topics.keep(force=True)  # before serving: which queues are this group's
         self.role = Role.MASTER
         # Off this thread: with sync replication the commits wait for slaves, whom this thread admits.
         threading.Thread(target=self._finish_commits, name="orderlymq-finish-commits", daemon=True).start()

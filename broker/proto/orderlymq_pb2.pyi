@@ -103,14 +103,28 @@ class TxnChange(_message.Message):
     def __init__(self, kind: _Optional[_Union[TxnChange.Kind, str]] = ..., txn_id: _Optional[str] = ..., timeout_ms: _Optional[int] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., payload: _Optional[bytes] = ..., state: _Optional[str] = ...) -> None: ...
 
 class TopicRoute(_message.Message):
-    __slots__ = ("topic", "broker_name", "queue_count")
+    __slots__ = ("topic", "broker_name", "queue_count", "groups")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
     QUEUE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
     topic: str
     broker_name: str
     queue_count: int
-    def __init__(self, topic: _Optional[str] = ..., broker_name: _Optional[str] = ..., queue_count: _Optional[int] = ...) -> None: ...
+    groups: _containers.RepeatedCompositeFieldContainer[GroupRoute]
+    def __init__(self, topic: _Optional[str] = ..., broker_name: _Optional[str] = ..., queue_count: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[GroupRoute, _Mapping]]] = ...) -> None: ...
+
+class GroupRoute(_message.Message):
+    __slots__ = ("broker_name", "master_address", "addresses", "queue_ids")
+    BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    MASTER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    ADDRESSES_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_IDS_FIELD_NUMBER: _ClassVar[int]
+    broker_name: str
+    master_address: str
+    addresses: _containers.RepeatedScalarFieldContainer[str]
+    queue_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, broker_name: _Optional[str] = ..., master_address: _Optional[str] = ..., addresses: _Optional[_Iterable[str]] = ..., queue_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class CreateTopicRequest(_message.Message):
     __slots__ = ("topic", "queue_count", "if_not_exists")
@@ -135,6 +149,18 @@ class DescribeTopicRequest(_message.Message):
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     topic: str
     def __init__(self, topic: _Optional[str] = ...) -> None: ...
+
+class DescribeClusterRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class DescribeClusterResponse(_message.Message):
+    __slots__ = ("cluster_name", "groups")
+    CLUSTER_NAME_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    cluster_name: str
+    groups: _containers.RepeatedCompositeFieldContainer[GroupRoute]
+    def __init__(self, cluster_name: _Optional[str] = ..., groups: _Optional[_Iterable[_Union[GroupRoute, _Mapping]]] = ...) -> None: ...
 
 class ListTopicsRequest(_message.Message):
     __slots__ = ()

@@ -59,6 +59,11 @@ class OrderlyMQStub:
                 request_serializer=broker_dot_proto_dot_orderlymq__pb2.DeleteTopicRequest.SerializeToString,
                 response_deserializer=broker_dot_proto_dot_orderlymq__pb2.DeleteTopicResponse.FromString,
                 _registered_method=True)
+        self.DescribeCluster = channel.unary_unary(
+                '/orderlymq.v1.OrderlyMQ/DescribeCluster',
+                request_serializer=broker_dot_proto_dot_orderlymq__pb2.DescribeClusterRequest.SerializeToString,
+                response_deserializer=broker_dot_proto_dot_orderlymq__pb2.DescribeClusterResponse.FromString,
+                _registered_method=True)
         self.Send = channel.unary_unary(
                 '/orderlymq.v1.OrderlyMQ/Send',
                 request_serializer=broker_dot_proto_dot_orderlymq__pb2.SendRequest.SerializeToString,
@@ -182,6 +187,13 @@ class OrderlyMQServicer:
 
     def DeleteTopic(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DescribeCluster(self, request, context):
+        """A cluster's broker groups and their brokers (any broker answers; none for a single broker).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -330,6 +342,11 @@ def add_OrderlyMQServicer_to_server(servicer, server):
                     servicer.DeleteTopic,
                     request_deserializer=broker_dot_proto_dot_orderlymq__pb2.DeleteTopicRequest.FromString,
                     response_serializer=broker_dot_proto_dot_orderlymq__pb2.DeleteTopicResponse.SerializeToString,
+            ),
+            'DescribeCluster': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeCluster,
+                    request_deserializer=broker_dot_proto_dot_orderlymq__pb2.DescribeClusterRequest.FromString,
+                    response_serializer=broker_dot_proto_dot_orderlymq__pb2.DescribeClusterResponse.SerializeToString,
             ),
             'Send': grpc.unary_unary_rpc_method_handler(
                     servicer.Send,
@@ -557,6 +574,33 @@ class OrderlyMQ:
             '/orderlymq.v1.OrderlyMQ/DeleteTopic',
             broker_dot_proto_dot_orderlymq__pb2.DeleteTopicRequest.SerializeToString,
             broker_dot_proto_dot_orderlymq__pb2.DeleteTopicResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeCluster(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/orderlymq.v1.OrderlyMQ/DescribeCluster',
+            broker_dot_proto_dot_orderlymq__pb2.DescribeClusterRequest.SerializeToString,
+            broker_dot_proto_dot_orderlymq__pb2.DescribeClusterResponse.FromString,
             options,
             channel_credentials,
             insecure,

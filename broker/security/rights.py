@@ -56,6 +56,7 @@ RPC_RIGHTS: dict[str, Callable[[Any], tuple[Right, ...]]] = {
     "DeleteTopic": _topic("admin"),
     "DescribeTopic": _topic(DESCRIBE),
     "ListTopics": lambda r: AUTHENTICATED_ONLY,
+    "DescribeCluster": lambda r: AUTHENTICATED_ONLY,
     "Health": lambda r: AUTHENTICATED_ONLY,
     "Send": _topic("publish"),
     "SendStream": _topic("publish"),

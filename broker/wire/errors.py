@@ -21,6 +21,8 @@
      ├── RequestTooLargeError          RESOURCE_EXHAUSTED
      ├── DiskFullError                 RESOURCE_EXHAUSTED (no space in the data dir; nothing was stored)
      ├── TopicGrewError                FAILED_PRECONDITION (sink: queue count changed mid-stream)
+     ├── WrongGroupError               FAILED_PRECONDITION (a cluster: the queue is held by another
+     │                                 broker group; the client refreshes its route)
      ├── UnauthenticatedError          UNAUTHENTICATED (no, unknown or wrong credentials)
      ├── PermissionDeniedError         PERMISSION_DENIED (the user may not do this to that resource)
      ├── BrokerUnavailableError (ConnectionError)  UNAVAILABLE / DEADLINE_EXCEEDED
@@ -69,6 +71,7 @@ __all__ = [
     "TransactionError",
     "TransactionNotFoundError",
     "UnauthenticatedError",
+    "WrongGroupError",
     "error_class_for_kind",
     "from_rpc_error",
     "from_status",
@@ -199,6 +202,13 @@ class DiskFullError(OrderlyMQError):
 
 
 class TopicGrewError(OrderlyMQError):
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class WrongGroupError(OrderlyMQError):
+    """In a cluster, the queue asked for is held by another broker group than this broker's:
+    nothing was done; ask the group the topic's route names (clients refresh it by themselves)."""
+
     code = grpc.StatusCode.FAILED_PRECONDITION
 
 

@@ -1,0 +1,96 @@
+"""A group master's local part of the cluster's topics: create, grow and delete what ZooKeeper's
+routes say this group holds, and refuse requests for queues another group holds.
+
+A group keeps every topic of the cluster it holds queues of with the topic's full queue count
+(a queue of another group is an empty directory: no file is created before a first append), so
+replication, epochs and recovery stay per queue id as on a single broker; only the queues the
+route gives this group are served. ``cluster-topics.json`` remembers which incarnation (the
+route's ``id``) each local topic is, so a topic deleted and created again under the same name
+starts empty.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from broker.cluster.topics import TopicLayout, TopicRegistry
+from broker.persist import read_json, write_json_atomic
+from broker.service import BrokerService
+from broker.wire.errors import WrongGroupError
+
+__all__ = ["TopicKeeper"]
+
+log = logging.getLogger(__name__)
+
+
+class TopicKeeper:
+    def __init__(self, service: BrokerService, registry: TopicRegistry, group: str) -> None:
+        self.service = service
+        self.registry = registry
+        self.group = group
+        self._path = service.store.data_dir / "cluster-topics.json"
+        self._incarnations: dict[str, str] = read_json(self._path, {})
+        self.layouts: dict[str, TopicLayout] = {}  # what this broker serves by, as master
+        self._seen_version = -1
+        self._marked: dict[str, TopicLayout] = {}  # marked ready in ZooKeeper by this broker as master
+        self._lock = threading.Lock()
+
+    def check_holds(self, topic: str, queue_id: int) -> None:
+        """Raise ``WrongGroupError`` when the route gives the queue to another group."""
+        layout = self.layouts.get(topic)
+        if layout is None or not 0 <= queue_id < layout.queue_count:
+            return  # the store answers for unknown topics and queue ids
+        holder = layout.groups[queue_id]
+        if holder != self.group:
+            raise WrongGroupError(
+                f"queue {queue_id} of topic {topic!r} is held by broker group {holder}, not by {self.group}: "
+                "send it to that group's master (clients refresh the topic's route and do so by themselves)")
+
+    def keep(self, force: bool = False) -> None:
+        """As master: make the local topics match ZooKeeper's routes (when they changed, or ``force``)."""
+        version = self.registry.version()
+        if version == self._seen_version and not force:
+            return
+        if force:
+            self._marked.clear()
+        layouts = self.registry.layouts()
+        with self._lock:
+            for topic in set(self.service.store.topics()) - set(layouts):
+                self._drop(topic)
+            for topic, layout in layouts.items():
+                if self.group in layout.groups:
+                    self._hold(topic, layout)
+            self.layouts = layouts
+            write_json_atomic(self._path, self._incarnations)
+        self._seen_version = version
+
+    def _drop(self, topic: str) -> None:
+        service = self.service
+        service.offsets.drop_topic(topic)
+        service.locks.drop_topic(topic)
+        service.store.delete_topic(topic)
+        self._incarnations.pop(topic, None)
+        self._marked.pop(topic, None)
+        service._changed(offsets=True)  # noqa: SLF001 - slaves copy the topic table
+        log.info("deleted topic %s: ZooKeeper no longer routes it", topic)
+
+    def _hold(self, topic: str, layout: TopicLayout) -> None:
+        if self._marked.get(topic) == layout:
+            return
+        store = self.service.store
+        local = store.topics().get(topic)
+        known = self._incarnations.get(topic)
+        if local is not None and ((known is not None and known != layout.id) or local > layout.queue_count):
+            self._drop(topic)  # an earlier topic of the same name
+            local = None
+        if local is None:
+            store.create_topic(topic, layout.queue_count)
+            log.info("created topic %s: queues %s of %d are this group's", topic,
+                     sorted(layout.queues_of(self.group)), layout.queue_count)
+        elif local < layout.queue_count:
+            store.grow_topic(topic, layout.queue_count)
+        self._incarnations[topic] = layout.id
+        self.service._changed()  # noqa: SLF001
+        self.registry.mark_ready(topic, self.group, layout)
+        self._marked[topic] = layout
