@@ -9,8 +9,8 @@
     orderlymq progress GROUP TOPIC        committed offsets and lag per queue
     orderlymq locks GROUP TOPIC           current queue lock holders
     orderlymq console [--host H] [--port N]   a read-only web console (default 127.0.0.1:8080)
-    orderlymq cluster status              every broker of --brokers: group, role, epoch, master;
-                                          each master's sync-state set and its slaves' lag
+    orderlymq cluster status              every broker of the cluster (--brokers bootstraps): group,
+                                          role, epoch, master; each master's sync-state set and lag
 
 The broker address defaults to ``$ORDERLYMQ_BROKERS``, else ``127.0.0.1:9876``. An error prints one
 line to stderr and exits with status 1. For a broker with TLS: ``--tls-ca-file`` (and
@@ -147,9 +147,13 @@ def _topic(args, console: Console) -> None:
             console.print(table)
         elif args.topic_command == "describe":
             info = admin.describe_topic(args.name)
-            table = Table("queue", "min offset", "max offset", "messages", title=f"{info.name} on {info.broker_name}")
+            columns = ["queue", "min offset", "max offset", "messages"] + (["group", "master"] if info.groups else [])
+            table = Table(*columns, title=f"{info.name} on {info.broker_name}")
+            masters = {g.broker_name: g.master_address or "(electing)" for g in info.groups}
             for status in admin.topic_status(args.name):
-                table.add_row(str(status.queue_id), str(status.min_offset), str(status.max_offset), str(status.count))
+                row = [str(status.queue_id), str(status.min_offset), str(status.max_offset), str(status.count)]
+                group = info.group_of(status.queue_id)
+                table.add_row(*row, *([group, masters.get(group, "")] if info.groups else []))
             console.print(table)
         elif args.topic_command == "delete":
             admin.delete_topic(args.name)
@@ -217,12 +221,24 @@ def _console(args, console: Console) -> None:
         threading.Event().wait()
 
 
+def _cluster_addresses(args) -> list[str]:
+    """--brokers, and in a cluster of several groups every broker ZooKeeper knows of (asked of
+    the first broker that answers)."""
+    given = parse_brokers(args.brokers)
+    try:
+        with Admin(args.brokers, retry_timeout=args.timeout, **_tls(args)) as admin:
+            groups = admin.cluster_groups()
+    except OrderlyMQError:
+        return given
+    return given + [a for g in groups for a in g.addresses if a not in given]
+
+
 def _cluster(args, console: Console) -> None:
-    """Ask every broker of --brokers itself (no redirection to the master): a broker that does not
-    answer is shown as such, the others as they see themselves."""
+    """Ask every broker of --brokers, and every other broker of the cluster, itself (no redirection
+    to the master): a broker that does not answer is shown as such, the others as they see themselves."""
     brokers = Table("broker", "group", "id", "role", "epoch", "master", title="brokers")
     masters = []
-    for address in parse_brokers(args.brokers):
+    for address in _cluster_addresses(args):
         try:
             with BrokerConnection(address, timeout=args.timeout, retry_timeout=0, **_tls(args)) as conn:
                 health = conn.call("Health", pb.HealthRequest(), retry=False)

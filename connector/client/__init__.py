@@ -2,6 +2,8 @@
 
 - ``Producer``: send with queue selectors (hash of the sharding key by default), pipelined and
   idempotent, per-queue order kept through retries; ``producer.transaction()``.
+- Every client takes a single broker's address or any brokers of a cluster (bootstrap) and sends
+  each queue's calls to the master of the broker group holding it (``connector.client.routed``).
 - ``Admin``: topics, consumer progress and lag, lock holders, every group and open transaction.
 - ``PullConsumer``: pull a queue from an offset, seek, commit, lock with a fencing epoch.
 - ``OrderlyConsumer``: ``MessageListenerOrderly`` (clustering or broadcasting).
@@ -12,6 +14,7 @@ Every error is an ``connector.errors.OrderlyMQError``.
 
 from connector.client.admin import (
     Admin,
+    BrokerGroup,
     GroupOffset,
     GroupState,
     LockHolder,
@@ -40,6 +43,7 @@ __all__ = [
     "BROADCASTING",
     "CLUSTERING",
     "Admin",
+    "BrokerGroup",
     "ConcurrentConsumer",
     "ConsumeConcurrentlyContext",
     "ConsumeConcurrentlyStatus",

@@ -9,23 +9,46 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from connector.client.connection import BrokerConnection, Credentials, TlsOptions, pb
+from connector.client.connection import Credentials, TlsOptions, pb
+from connector.client.routed import RoutedConnection
 
-__all__ = ["Admin", "GroupOffset", "GroupState", "LockHolder", "OpenTransaction", "QueueProgress", "QueueStatus",
-           "TopicInfo"]
+__all__ = ["Admin", "BrokerGroup", "GroupOffset", "GroupState", "LockHolder", "OpenTransaction", "QueueProgress",
+           "QueueStatus", "TopicInfo"]
+
+
+@dataclass(frozen=True)
+class BrokerGroup:
+    """A broker group of a cluster: its master ("" while it elects one), every live broker (master
+    first) and, in a topic's route, the queue ids it holds."""
+
+    broker_name: str
+    master_address: str
+    addresses: tuple[str, ...]
+    queue_ids: tuple[int, ...] = ()
+
+    @classmethod
+    def from_protocol(cls, group: pb.GroupRoute) -> BrokerGroup:
+        return cls(group.broker_name, group.master_address, tuple(group.addresses), tuple(group.queue_ids))
 
 
 @dataclass(frozen=True)
 class TopicInfo:
-    """A topic's route: its name, broker and number of queues."""
+    """A topic's route: its name, broker (in a cluster: its groups' names joined by ","), number of
+    queues and, in a cluster, the groups holding them."""
 
     name: str
     broker_name: str
     queue_count: int
+    groups: tuple[BrokerGroup, ...] = ()
+
+    def group_of(self, queue_id: int) -> str:
+        """The group holding ``queue_id`` ("" on a single broker)."""
+        return next((g.broker_name for g in self.groups if queue_id in g.queue_ids), "")
 
     @classmethod
     def from_route(cls, route: pb.TopicRoute) -> TopicInfo:
-        return cls(route.topic, route.broker_name, route.queue_count)
+        return cls(route.topic, route.broker_name, route.queue_count,
+                   tuple(BrokerGroup.from_protocol(g) for g in route.groups))
 
 
 @dataclass(frozen=True)
@@ -126,7 +149,7 @@ class Admin:
 
     def __init__(self, brokers: str, *, timeout: float = 10.0, retry_timeout: float = 30.0,
                  tls: TlsOptions | None = None, credentials: Credentials | None = None) -> None:
-        self.connection = BrokerConnection(brokers, timeout=timeout, retry_timeout=retry_timeout, tls=tls,
+        self.connection = RoutedConnection(brokers, timeout=timeout, retry_timeout=retry_timeout, tls=tls,
                                            credentials=credentials)
 
     def _call(self, method: str, request, *, retry: bool = True):
@@ -224,6 +247,10 @@ class Admin:
             OpenTransaction(t.txn_id, t.state, t.last_activity_ms, t.expires_at_ms, t.staged_bytes)
             for t in response.transactions
         ]
+
+    def cluster_groups(self) -> list[BrokerGroup]:
+        """A cluster's broker groups with their brokers (empty for a single broker)."""
+        return [BrokerGroup.from_protocol(g) for g in self._call("DescribeCluster", pb.DescribeClusterRequest()).groups]
 
     def health(self) -> dict[str, str]:
         """The broker's status, name and version."""

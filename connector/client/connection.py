@@ -115,6 +115,16 @@ class BrokerConnection:
                 self._channel = self._stub = None
                 self._index = (self._index + 1) % len(self.addresses)
 
+    def follow(self, master: str, addresses=()) -> None:
+        """Learn ``addresses`` of the same group and send from now on to ``master`` when given
+        (a fresh route named it)."""
+        with self._lock:
+            for address in addresses:
+                if address not in self.addresses:
+                    self.addresses.append(address)
+        if master and master != self.address:
+            self._fail_over(NotMasterError("", master))
+
     def call(
         self,
         method: str,

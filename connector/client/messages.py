@@ -33,10 +33,15 @@ PROPERTY_RETRY_AT = "RETRY_AT"
 
 @dataclass(frozen=True, order=True)
 class MessageQueue:
-    """One MessageQueue of a topic: ``(topic, queue_id)`` (single broker, so no broker name)."""
+    """One MessageQueue of a topic: ``(topic, broker_name, queue_id)`` as in RocketMQ.
+
+    Queue ids are global to a topic, in a cluster too, so ``(topic, queue_id)`` names the queue
+    (equality, order, hash); ``broker_name`` says which broker group holds it ("" on a single broker).
+    """
 
     topic: str
     queue_id: int
+    broker_name: str = field(default="", compare=False)
 
     def __str__(self) -> str:
         return f"{self.topic}[{self.queue_id}]"

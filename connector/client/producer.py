@@ -13,7 +13,11 @@ stored. Do not send it again; ``resolve(error)`` returns where it is stored once
 later message of its queue).
 
 Routing: a message with a key goes to ``queue_for_key(key, N)``; a message without a key needs a
-selector (``"round_robin"``, ``"random"``, a callable) or an explicit ``queue_id``.
+selector (``"round_robin"``, ``"random"``, a callable) or an explicit ``queue_id``. In a cluster
+(docs/cluster.md) each queue's messages go to the master of the broker group holding it, on one
+send stream per group; a group's failover is followed by its stream (same producer id and
+sequence on resend), and a route a group calls stale (``WrongGroupError``) is read again and the
+send sent once more.
 
 Example
 -------
@@ -24,6 +28,7 @@ Example
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections import defaultdict
@@ -43,11 +48,12 @@ from broker.wire.errors import (
     QueueOutOfRangeError,
     SendOutcomeUnknownError,
     TopicNotFoundError,
+    WrongGroupError,
 )
 from broker.wire.routing import queue_for_key
 from connector.client.connection import BrokerConnection, Credentials, TlsOptions
 from connector.client.messages import Message, MessageQueue, SendResult
-from connector.client.routes import RouteCache
+from connector.client.routed import RoutedConnection
 from connector.client.selectors import SELECTORS, QueueSelector, SelectByHash, resolve_selector, select_queue
 from connector.client.sender import PipelinedSender
 
@@ -95,7 +101,7 @@ class Producer:
     Parameters
     ----------
     brokers : str
-        ``"host:port[,host:port]"``.
+        ``"host:port[,host:port]"``: a single broker, or any brokers of a cluster (bootstrap).
     producer_group : str
         A name for this kind of producer (logged; part of the idempotent producer id).
     timeout : float
@@ -135,19 +141,17 @@ class Producer:
         tls: TlsOptions | None = None,
         credentials: Credentials | None = None,
     ) -> None:
-        self.connection = BrokerConnection(brokers, timeout=timeout, retry_timeout=retry_timeout, tls=tls,
-                                           credentials=credentials)
+        self.connection = RoutedConnection(brokers, timeout=timeout, retry_timeout=retry_timeout, tls=tls,
+                                           credentials=credentials, route_ttl=route_ttl)
         self.producer_group = producer_group
         # Unique per instance: sequences restart at 0, so a reused id would look like a resend.
         self.producer_id = f"{producer_group}-{uuid.uuid4().hex}"
         self.timeout = timeout
         self.retry_timeout = retry_timeout
-        self.routes = RouteCache(self.connection, ttl=route_ttl)
+        self.routes = self.connection.routes
         # Named selectors live as long as the producer: "round_robin" keeps its position per topic.
         self._selectors: dict[str, QueueSelector] = {name: cls() for name, cls in SELECTORS.items()}
-        self._sender = PipelinedSender(
-            self.connection,
-            self.producer_id,
+        self._sender_settings = dict(
             linger_ms=linger_ms,
             max_batch_messages=max_batch_messages,
             max_batch_bytes=max_batch_bytes,
@@ -156,6 +160,25 @@ class Producer:
             delivery_timeout=retry_timeout,
             on_rejected=self._forget_stale_route,
         )
+        # One send stream per broker group ("": a single broker), each to its group's master.
+        self._senders: dict[str, PipelinedSender] = {"": self._new_sender(self.connection.bootstrap)}
+        self._senders_lock = threading.Lock()
+
+    def _new_sender(self, connection: BrokerConnection) -> PipelinedSender:
+        return PipelinedSender(connection, self.producer_id, **self._sender_settings)
+
+    def _sender_for(self, topic: str, queue_id: int, deadline: float | None = None) -> PipelinedSender:
+        """The send stream of the group holding the queue."""
+        if self.routes.clustered is False:
+            return self._senders[""]
+        group = self.routes.route(topic, deadline=deadline).group_of(queue_id)
+        sender = self._senders.get(group)
+        if sender is None:
+            with self._senders_lock:
+                sender = self._senders.get(group)
+                if sender is None:
+                    sender = self._senders[group] = self._new_sender(self.connection.for_group(group))
+        return sender
 
     # -- routing -------------------------------------------------------------------------------
 
@@ -284,7 +307,8 @@ class Producer:
         deadline = time.monotonic() + self.retry_timeout
         row = _message_row(body, key, tag, properties)
         target = self._route_one(topic, row, selector, arg, queue_id, deadline)
-        (future,) = self._sender.submit(topic, target, [row], single=True, urgent=False, deadline=deadline)
+        sender = self._sender_for(topic, target, deadline)
+        (future,) = sender.submit(topic, target, [row], single=True, urgent=False, deadline=deadline)
         if callback is not None:
             future.add_done_callback(callback)
         return future
@@ -311,8 +335,24 @@ class Producer:
         deadline = time.monotonic() + self.retry_timeout
         row = _message_row(body, key, tag, properties)
         target = self._route_one(topic, row, selector, arg, queue_id, deadline)
-        (future,) = self._sender.submit(topic, target, [row], single=True, urgent=True, deadline=deadline)
-        return self._wait(future, topic)
+        return self._send_chunk(topic, target, [row], True, deadline)
+
+    def _send_chunk(self, topic: str, queue_id: int, data, single: bool, deadline: float,
+                    parts: list[Future] | None = None):
+        """Wait for a submitted chunk (submit it first when ``parts`` is None); sent once more to
+        the right group when the route turns out stale. One result (``single``) or a list."""
+        for attempt in (0, 1):
+            if parts is None:
+                sender = self._sender_for(topic, queue_id, deadline)
+                parts = sender.submit(topic, queue_id, data, single=single, urgent=True, deadline=deadline)
+            try:
+                if single:
+                    return self._wait(parts[0], topic)
+                return [r for f in parts for r in self._wait(f, topic)]
+            except WrongGroupError:
+                if attempt or not all(isinstance(f.exception(), WrongGroupError) for f in parts):
+                    raise
+                parts = None  # nothing of it was stored: the route was read again (on_rejected)
 
     def send_batch(
         self,
@@ -329,19 +369,20 @@ class Producer:
         deadline = time.monotonic() + self.retry_timeout
         futures = []
         for chunk in self.route(topic, messages, selector=selector, arg=arg, queue_id=queue_id, deadline=deadline):
-            parts = self._sender.submit(topic, chunk.queue_id, chunk.table, single=False, urgent=True, deadline=deadline)
+            sender = self._sender_for(topic, chunk.queue_id, deadline)
+            parts = sender.submit(topic, chunk.queue_id, chunk.table, single=False, urgent=True, deadline=deadline)
             futures.append((chunk, parts))
         total = sum(len(chunk.positions) for chunk, _ in futures)
         out: list[SendResult | None] = [None] * total
         for chunk, parts in futures:
-            results = [r for f in parts for r in self._wait(f, topic)]
+            results = self._send_chunk(topic, chunk.queue_id, chunk.table, False, deadline, parts)
             for position, result in zip(chunk.positions, results, strict=True):
                 out[position] = result
         return out  # type: ignore[return-value]
 
     def _forget_stale_route(self, topic: str, error: OrderlyMQError) -> None:
         """Forget the cached route when the broker refused a batch because the route is stale."""
-        if isinstance(error, TopicNotFoundError | QueueOutOfRangeError):
+        if isinstance(error, TopicNotFoundError | QueueOutOfRangeError | WrongGroupError):
             self.routes.invalidate(topic)
 
     def _wait(self, future: Future, topic: str):
@@ -367,7 +408,7 @@ class Producer:
         """
         if not isinstance(error, SendOutcomeUnknownError) or error.producer_id != self.producer_id:
             raise InvalidRequestError("resolve() takes a SendOutcomeUnknownError raised by this producer's sends")
-        future = self._sender.settlement(error.topic, error.queue_id, error.sequence)
+        future = self._sender_for(error.topic, error.queue_id).settlement(error.topic, error.queue_id, error.sequence)
         if future is None:
             raise InvalidRequestError(
                 f"batch {error.sequence} of {error.topic}/{error.queue_id} is no longer tracked by this producer"
@@ -386,7 +427,9 @@ class Producer:
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every message sent so far is acknowledged or failed; False on timeout."""
-        return self._sender.flush(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        return all([sender.flush(None if deadline is None else max(deadline - time.monotonic(), 0))
+                    for sender in list(self._senders.values())])
 
     def transaction(self, txn_id: str | None = None, *, timeout_ms: int = 0):
         """A broker transaction: ``with producer.transaction() as tx: tx.send(...)`` makes every
@@ -397,7 +440,9 @@ class Producer:
 
     def close(self, timeout: float | None = None) -> None:
         """Send what is buffered, then close the stream and the connection."""
-        self._sender.close(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for sender in list(self._senders.values()):
+            sender.close(None if deadline is None else max(deadline - time.monotonic(), 0))
         self.connection.close()
 
     def __enter__(self) -> Producer:

@@ -16,10 +16,10 @@ import uuid
 
 from broker.wire import codec
 from broker.wire.errors import InvalidOptionError, OrderlyMQError, QueueOutOfRangeError
-from connector.client.connection import BrokerConnection, Credentials, TlsOptions, pb
+from connector.client.connection import Credentials, TlsOptions, pb
 from connector.client.locking import lock_queues
 from connector.client.messages import Message, MessageQueue, PullResult
-from connector.client.routes import RouteCache
+from connector.client.routed import RoutedConnection
 
 __all__ = ["EARLIEST", "LATEST", "PullConsumer", "default_client_id"]
 
@@ -61,11 +61,11 @@ class PullConsumer:
         tls: TlsOptions | None = None,
         credentials: Credentials | None = None,
     ) -> None:
-        self.connection = BrokerConnection(brokers, timeout=timeout, retry_timeout=retry_timeout, tls=tls,
+        self.connection = RoutedConnection(brokers, timeout=timeout, retry_timeout=retry_timeout, tls=tls,
                                            credentials=credentials)
         self.group = group
         self.client_id = client_id or default_client_id()
-        self.routes = RouteCache(self.connection)
+        self.routes = self.connection.routes
         self._lock = threading.Lock()
         self._positions: dict[MessageQueue, int] = {}
         self._epochs: dict[MessageQueue, int] = {}

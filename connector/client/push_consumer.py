@@ -39,7 +39,7 @@ from broker.wire.errors import (
     TopicNotFoundError,
 )
 from broker.wire.tags import parse_tag_expression
-from connector.client.connection import BrokerConnection, Credentials, TlsOptions, pb
+from connector.client.connection import Credentials, TlsOptions, pb
 from connector.client.messages import (
     PROPERTY_ORIGIN_OFFSET,
     PROPERTY_ORIGIN_QUEUE_ID,
@@ -53,7 +53,7 @@ from connector.client.process_queue import ProcessQueue
 from connector.client.producer import Producer
 from connector.client.pull_consumer import default_client_id
 from connector.client.rebalance import ALLOCATORS, AllocateStrategy
-from connector.client.routes import RouteCache
+from connector.client.routed import RoutedConnection
 from connector.client.scheduler import Scheduler
 
 __all__ = ["BROADCASTING", "CLUSTERING", "PushConsumer", "dlq_topic", "retry_topic"]
@@ -123,7 +123,7 @@ class PushConsumer(abc.ABC):
         ):
             if not isinstance(value, int) or value < 1:
                 raise InvalidOptionError(f"{name} must be a positive integer, got {value!r}")
-        self.connection = BrokerConnection(brokers, timeout=timeout, retry_timeout=retry_timeout, tls=tls,
+        self.connection = RoutedConnection(brokers, timeout=timeout, retry_timeout=retry_timeout, tls=tls,
                                            credentials=credentials)
         self.brokers = brokers
         self.group = group
@@ -148,7 +148,7 @@ class PushConsumer(abc.ABC):
         self.on_data_loss = on_data_loss
         self._data_losses: list[MessagesLostError] = []
         self.offset_store_dir = Path(offset_store_dir) if offset_store_dir else Path.home() / ".orderlymq" / "offsets"
-        self.routes = RouteCache(self.connection)
+        self.routes = self.connection.routes
         self.subscriptions: dict[str, str] = {}
         self.table: dict[MessageQueue, ProcessQueue] = {}
         self._table_lock = threading.Lock()

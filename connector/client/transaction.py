@@ -9,6 +9,11 @@ Commit is idempotent on the broker (keyed by the transaction id), so it is retri
 is unreachable. A staged send is not retried: when one fails the transaction is aborted and the
 error raised, so no message can be staged twice. Within a queue, messages become visible in the
 order they were sent.
+
+In a cluster (docs/cluster.md) the transaction is opened on every broker group and committed on
+each in turn (by group name): each group's part is all-or-nothing, the whole is not atomic across
+groups (a commit that fails part-way leaves the later groups' parts open until committed again
+with the same id, or aborted by their timeout).
 """
 
 from __future__ import annotations
@@ -49,16 +54,22 @@ class Transaction:
         self.timeout_ms = timeout_ms
         self.state = "NEW"
         self.count = 0
+        self._groups: list[str] = []  # broker groups the transaction is open on ("": a single broker)
 
     def begin(self) -> Transaction:
-        """Open the transaction on the broker (``__enter__`` does it)."""
-        response = self.producer.connection.call(
-            "BeginTxn", pb.BeginTxnRequest(txn_id=self.txn_id, timeout_ms=self.timeout_ms)
-        )
-        if response.state != "OPEN":
-            raise TransactionError(f"transaction {self.txn_id!r} is already {response.state}; use a new id")
+        """Open the transaction (``__enter__`` does it): on the broker, or in a cluster on every
+        group (so a transaction left open, begun again by its id, commits everywhere it staged)."""
+        for group in self.producer.connection.groups():
+            self._open_on(group)
         self.state = "OPEN"
         return self
+
+    def _open_on(self, group: str) -> None:
+        request = pb.BeginTxnRequest(txn_id=self.txn_id, timeout_ms=self.timeout_ms)
+        response = self.producer.connection.for_group(group).call("BeginTxn", request)
+        if response.state != "OPEN":
+            raise TransactionError(f"transaction {self.txn_id!r} is already {response.state}; use a new id")
+        self._groups.append(group)
 
     def _require_open(self) -> None:
         if self.state != "OPEN":
@@ -97,8 +108,11 @@ class Transaction:
             request = pb.SendRequest(
                 topic=topic, queue_id=chunk.queue_id, batch=codec.encode(chunk.table), txn_id=self.txn_id
             )
+            group = self.producer.routes.route(topic).group_of(chunk.queue_id) if self.producer.connection.clustered() else ""
             try:
-                self.producer.connection.call("Send", request, retry=False)
+                if group not in self._groups:
+                    self._open_on(group)
+                self.producer.connection.for_group(group).call("Send", request, retry=False)
             except OrderlyMQError:
                 self._abort_quietly()
                 raise
@@ -110,15 +124,20 @@ class Transaction:
     def commit(self) -> int:
         """Make every staged message visible; returns how many the broker applied."""
         self._require_open()
-        response = self.producer.connection.call("CommitTxn", pb.CommitTxnRequest(txn_id=self.txn_id))
+        applied, already = 0, False
+        for group in sorted(self._groups):
+            response = self.producer.connection.for_group(group).call("CommitTxn", pb.CommitTxnRequest(txn_id=self.txn_id))
+            applied += response.count
+            already = already or response.already_committed
         self.state = "COMMITTED"
-        return response.count if not response.already_committed else self.count
+        return self.count if already else applied
 
     def abort(self) -> None:
         """Drop every staged message."""
         if self.state != "OPEN":
             return
-        self.producer.connection.call("AbortTxn", pb.AbortTxnRequest(txn_id=self.txn_id))
+        for group in self._groups:
+            self.producer.connection.for_group(group).call("AbortTxn", pb.AbortTxnRequest(txn_id=self.txn_id))
         self.state = "ABORTED"
 
     def _abort_quietly(self) -> None:

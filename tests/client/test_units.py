@@ -110,6 +110,7 @@ def test_exported_names_are_pinned():
             "BROADCASTING",
             "CLUSTERING",
             "Admin",
+            "BrokerGroup",
             "ConcurrentConsumer",
             "ConsumeConcurrentlyContext",
             "ConsumeConcurrentlyStatus",
