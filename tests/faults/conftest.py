@@ -62,6 +62,27 @@ def broker_group(tmp_path, zookeeper):
         group.kill_all()
 
 
+@pytest.fixture
+def broker_cluster(tmp_path, zookeeper):
+    """``broker_cluster(groups, size, **settings)`` starts groups broker-a, broker-b, ... of ``size``
+    brokers each in one cluster; returns the ``BrokerGroup`` list; all are killed at the end."""
+    from tests.faults.cluster_group import BrokerGroup
+
+    started = []
+
+    def start(groups: int = 3, size: int = 2, **settings) -> list[BrokerGroup]:
+        for i in range(groups):
+            group = BrokerGroup(tmp_path / f"cluster-{i}", zookeeper.connect_string, size,
+                                name=f"broker-{chr(ord('a') + i)}", **settings)
+            started.append(group)
+            group.start()
+        return started
+
+    yield start
+    for group in started:
+        group.kill_all()
+
+
 def pytest_terminal_summary(terminalreporter):
     if SUMMARIES:
         terminalreporter.section("fault scenarios")

@@ -1,0 +1,213 @@
+"""Cluster scenarios: one topic's queues spread over three broker groups of two brokers each (real
+ZooKeeper, real broker processes), used by route-aware clients bootstrapped from any broker.
+
+Each run is judged by the strict checker twice: the *log* (everything stored at the end, read
+queue by queue from the group holding it, against every send: nothing acknowledged missing,
+nothing twice, every key in order) and the *consumption* (what the orderly group's listeners
+were handed: nothing acknowledged missed, every key in order; redeliveries counted).
+"""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+import pytest
+
+from broker.proto import orderlymq_pb2 as pb
+from broker.proto import orderlymq_pb2_grpc as pb_grpc
+from broker.wire.errors import TopicNotFoundError, WrongGroupError
+from connector.cli import main
+from connector.client import Admin, Producer
+from connector.client.connection import BrokerConnection
+from connector.client.routed import RoutedConnection
+from connector.client.routes import TopicRoute
+from connector.history import History, check
+from tests.faults.fault_profile import PROFILE
+from tests.faults.workload import KeyedProducer, body, shutdown_all, start_orderly_group, stored_deliveries
+from tests.support import wait_until
+
+TOPIC, GROUP, QUEUES = "orders", "order-service", 6
+GROUP_NAMES = ["broker-a", "broker-b", "broker-c"]
+SECONDS = 6 if PROFILE.name == "short" else 60
+KILLS = 1 if PROFILE.name == "short" else 6
+
+
+def _bootstrap(groups) -> str:
+    return ",".join(g.addresses for g in groups)
+
+
+def _describe(address: str, topic: str) -> pb.TopicRoute:
+    with grpc.insecure_channel(address) as channel:
+        return pb_grpc.OrderlyMQStub(channel).DescribeTopic(pb.DescribeTopicRequest(topic=topic), timeout=10)
+
+
+def _spread(route: pb.TopicRoute) -> dict[str, list[int]]:
+    return {g.broker_name: list(g.queue_ids) for g in route.groups}
+
+
+def _run_traffic(groups, history: History, during=None) -> tuple[list[KeyedProducer], bool]:
+    """Keyed producers and an orderly group for ``SECONDS`` (``during()`` runs midway); True when
+    the group was handed every acknowledged send by the end."""
+    bootstrap = _bootstrap(groups)
+    consumers = start_orderly_group(bootstrap, TOPIC, GROUP, 2, history)
+    producers = [KeyedProducer(bootstrap, TOPIC, [f"p{p}-k{k}" for k in range(PROFILE.keys_per_producer)], history,
+                               rate=PROFILE.send_rate) for p in range(PROFILE.producers)]
+    try:
+        for producer in producers:
+            producer.start()
+        time.sleep(SECONDS / 2)
+        if during is not None:
+            during()
+        time.sleep(SECONDS / 2)
+        for producer in producers:
+            producer.stop.set()
+        for producer in producers:
+            producer.join()
+        caught_up = wait_until(history.delivered_all_acked, timeout=120)
+    finally:
+        for producer in producers:
+            producer.stop.set()
+        shutdown_all(consumers)
+    return producers, bool(caught_up)
+
+
+def _judge(groups, history: History, producers, caught_up: bool, fault_report, scenario: str, **figures) -> None:
+    with RoutedConnection(_bootstrap(groups)) as conn:
+        stored = stored_deliveries(conn, TOPIC)
+    log = check(history.sends, stored)
+    consumed = history.check()
+    per_group = {name: sum(1 for d in stored if d.queue_id in queues)
+                 for name, queues in _spread(_describe(groups[0].brokers[0].address, TOPIC)).items()}
+    fault_report(scenario, {"log": log, "consumed": consumed}, stored_per_group=per_group,
+                 send_failures=sum(len(p.failures) for p in producers), **figures)
+    assert all(per_group[name] > 0 for name in GROUP_NAMES), f"every group must have served sends: {per_group}"
+    assert log.ok, str(log)
+    assert caught_up and consumed.lost == 0, str(consumed)
+    assert consumed.out_of_order == 0 and consumed.unexpected == 0, str(consumed)
+
+
+def test_topic_spread_over_three_groups_keeps_every_key_in_order(broker_cluster, fault_report, capsys):
+    groups = broker_cluster(3, 2)
+    slave = next(b for b in groups[1].brokers if b is not groups[1].master())
+    with Admin(slave.address) as admin:  # any broker creates topics, a slave too
+        info = admin.create_topic(TOPIC, QUEUES)
+    assert info.queue_count == QUEUES
+    # Every broker of every group answers the same route: queue ids spread round-robin over the groups.
+    routes = [_describe(b.address, TOPIC) for g in groups for b in g.brokers]
+    assert all(r == routes[0] for r in routes), routes
+    spread = _spread(routes[0])
+    assert sorted(spread) == GROUP_NAMES and sorted(q for qs in spread.values() for q in qs) == list(range(QUEUES))
+    assert all(len(qs) == QUEUES // 3 for qs in spread.values()), spread
+    masters = {g.brokers[0].address for g in groups}
+    assert {r.master_address for r in routes[0].groups} == masters
+
+    # The command line, bootstrapped from one broker: the route per queue, and every broker of every group.
+    capsys.readouterr()
+    assert main(["--brokers", groups[2].brokers[1].address, "topic", "describe", TOPIC]) == 0
+    described = capsys.readouterr().out
+    assert all(name in described for name in GROUP_NAMES) and all(m in described for m in masters), described
+    assert main(["--brokers", groups[2].brokers[1].address, "cluster", "status"]) == 0
+    status = capsys.readouterr().out
+    assert all(b.address in status for g in groups for b in g.brokers), status
+    assert all(f"group {name}: master 0" in status for name in GROUP_NAMES), status
+
+    history = History()
+    producers, caught_up = _run_traffic(groups, history)
+    _judge(groups, history, producers, caught_up, fault_report, "cluster: one topic over 3 groups x 2 brokers")
+
+
+def test_master_killed_in_one_group_while_the_others_keep_serving(broker_cluster, fault_report):
+    groups = broker_cluster(3, 2)
+    with Admin(groups[0].addresses) as admin:
+        admin.create_topic(TOPIC, QUEUES)
+    elections, epochs = [], []
+
+    def kill_masters() -> None:
+        """The master of broker-b (then, in the long form, of each group in turn) killed -9."""
+        for i in range(KILLS):
+            group = groups[(1 + i) % len(groups)]
+            master = group.wait_for_master()
+            master.kill9()
+            killed = time.monotonic()
+            promoted = group.wait_for_master(exclude=master)
+            elections.append(round(time.monotonic() - killed, 2))
+            epochs.append(group.health(promoted).group_epoch)
+            master.start()  # back as a slave of the new master
+            if i + 1 < KILLS:
+                time.sleep(SECONDS / KILLS)
+
+    history = History()
+    producers, caught_up = _run_traffic(groups, history, during=kill_masters)
+    assert all(epoch >= 2 for epoch in epochs), epochs
+    _judge(groups, history, producers, caught_up, fault_report,
+           f"cluster: 3 groups, {KILLS} master(s) killed -9 mid-run", election_s=elections)
+
+
+def test_bad_inputs_and_stale_routes_get_clear_answers(broker_cluster):
+    groups = broker_cluster(3, 2)
+    brokers = [b for g in groups for b in g.brokers]
+    for broker in brokers:  # an unknown topic, from any broker, master or slave
+        with pytest.raises(grpc.RpcError) as failed:
+            _describe(broker.address, "no-such-topic")
+        assert failed.value.code() == grpc.StatusCode.NOT_FOUND and "create it first" in failed.value.details()
+    with Admin(brokers[-1].address) as admin:
+        with pytest.raises(TopicNotFoundError):
+            admin.describe_topic("no-such-topic")
+        admin.create_topic(TOPIC, 3)
+        spread = _spread(_describe(brokers[0].address, TOPIC))
+        # A queue asked of a group that does not hold it: refused, naming the group that does.
+        holder_of_a = spread["broker-a"][0]
+        with BrokerConnection(groups[1].brokers[0].address) as conn:
+            with pytest.raises(WrongGroupError, match="held by broker group broker-a"):
+                conn.call("QueryOffsets", pb.QueryOffsetsRequest(topic=TOPIC, queue_id=holder_of_a))
+        # Grown: new queue ids are appended, spread over the groups too; the old ones stay where they were.
+        grown = admin.grow_topic(TOPIC, 6)
+        assert grown.queue_count == 6
+        after = _spread(_describe(brokers[3].address, TOPIC))
+        assert all(set(spread[g]) <= set(after[g]) for g in spread) and all(len(after[g]) == 2 for g in after)
+
+        # A client whose route is stale (as after the topic was made again while a group was down)
+        # is told so by the group it asked, reads the route again and gets its answer.
+        with Producer(brokers[0].address) as producer:
+            truth = producer.routes.route(TOPIC)
+            wrong = TopicRoute(TOPIC, tuple(q.__class__(q.topic, q.queue_id, "broker-c" if q.broker_name != "broker-c"
+                                                        else "broker-a") for q in truth.queues), truth.groups)
+            producer.routes._routes[TOPIC] = (time.monotonic(), wrong)  # noqa: SLF001 - the stale route
+            for i in range(12):
+                producer.send(TOPIC, body(f"k{i}", 0), key=f"k{i}")
+            assert [q.broker_name for q in producer.routes.route(TOPIC).queues] == \
+                [q.broker_name for q in truth.queues]
+        assert sum(q.count for q in admin.topic_status(TOPIC)) == 12
+
+        # A transaction stages sends on several groups; committed, each group makes its part visible.
+        txn_history = History()
+        with Producer(brokers[2].address) as producer, producer.transaction() as tx:
+            for i in range(12):
+                key = f"t{i % 4}"
+                tx.send(TOPIC, body(key, i // 4), key=key)
+                txn_history.sent(key, i // 4, acked=True)
+        with RoutedConnection(brokers[0].address) as conn:
+            stored = [d for d in stored_deliveries(conn, TOPIC) if d.key.startswith("t")]
+        assert len({d.queue_id for d in stored}) > 1, "the transaction's keys should span several queues"
+        txn_log = check(txn_history.sends, stored)
+        assert txn_log.ok, str(txn_log)
+
+        # Deleted: gone from every broker of every group.
+        admin.delete_topic(TOPIC)
+    for broker in brokers:
+        with pytest.raises(grpc.RpcError) as failed:
+            _describe(broker.address, TOPIC)
+        assert failed.value.code() == grpc.StatusCode.NOT_FOUND
+    with BrokerConnection(groups[0].brokers[0].address) as conn:
+        wait_until(lambda: _gone(conn, spread["broker-a"][0]), timeout=10)
+        with pytest.raises(TopicNotFoundError):
+            conn.call("QueryOffsets", pb.QueryOffsetsRequest(topic=TOPIC, queue_id=spread["broker-a"][0]))
+
+
+def _gone(conn: BrokerConnection, queue_id: int) -> bool:
+    try:
+        conn.call("QueryOffsets", pb.QueryOffsetsRequest(topic=TOPIC, queue_id=queue_id))
+    except TopicNotFoundError:
+        return True
+    return False
