@@ -1,6 +1,6 @@
 """Only a group's master serves: a server interceptor that refuses every orderlymq.v1 call but
-``Health`` and the topic calls (the cluster's topics live in ZooKeeper: any broker answers them)
-on a broker that is not master, with ``NotMasterError`` naming the master.
+``Health``, ``DescribeCluster`` and the topic calls (the cluster's topics live in ZooKeeper: any
+broker answers them) on a broker that is not master, with ``NotMasterError`` naming the master.
 
 A refusal happens before the request is read, so nothing was done and the client may send it to
 the master whatever the call. Under access control the caller is authenticated first (``admit``):
