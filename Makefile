@@ -9,7 +9,7 @@ export SPARK_LOCAL_IP ?= 127.0.0.1
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: demo test faults fuse browser zookeeper bench proto constraints lint clean
+.PHONY: demo cluster test faults fuse browser zookeeper bench proto constraints lint clean
 
 # The power-loss scenarios (tests/faults/test_power_loss.py) mount a FUSE file system: Debian's fuse3
 # (fusermount3) and libfuse3, installed once when missing.
@@ -23,6 +23,9 @@ $(STAMP): setup.py constraints.txt
 
 demo: $(STAMP)  ## start the embedded broker and run the demo pipeline
 	$(PY) spark_jobs/demo.py $(ARGS)
+
+cluster: $(STAMP) zookeeper  ## a local cluster: ZooKeeper + 3 broker groups x 2 brokers on loopback (Ctrl-C stops it)
+	$(PY) -m broker.cluster.local_cluster up $(ARGS)
 
 fuse:  ## Debian's fuse3 and libfuse3 for the power-loss tests (nothing to do when present)
 	@if ! command -v fusermount3 >/dev/null 2>&1 || ! /sbin/ldconfig -p | grep -q 'libfuse3\.so\.3 '; then \

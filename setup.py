@@ -54,6 +54,7 @@ setup(
         "console_scripts": [
             "orderlymq-broker=broker.__main__:main",
             "orderlymq=connector.cli:main",
+            "orderlymq-cluster=broker.cluster.local_cluster:main",
         ],
     },
 )
