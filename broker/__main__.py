@@ -23,6 +23,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--data-dir", help="where topics, offsets and transactions live (default ./data)")
     parser.add_argument("--flush", choices=["sync", "async"], help="sync: ack after fsync; async: fsync on an interval")
     parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port (-1: none)")
+    parser.add_argument("--send-port", type=int, help="port of the lean send protocol (0: a free one, -1: none)")
     parser.add_argument("--port-file", type=Path, help="write the bound port here once serving (for scripts)")
     parser.add_argument("--log-level", help="DEBUG, INFO, WARNING, ...")
     parser.add_argument("--log-format", choices=LOG_FORMATS, help="text (default) or json: one JSON object per line")
@@ -53,7 +54,7 @@ def load_config(args: argparse.Namespace) -> BrokerConfig:
     config = BrokerConfig.from_toml(args.config) if args.config else BrokerConfig()
     return config.with_overrides(
         host=args.host, port=args.port, data_dir=args.data_dir, flush=args.flush, log_level=args.log_level,
-        log_format=args.log_format, metrics_port=args.metrics_port,
+        log_format=args.log_format, metrics_port=args.metrics_port, send_port=args.send_port,
         tls_cert_file=args.tls_cert_file, tls_key_file=args.tls_key_file, tls_client_ca_file=args.tls_client_ca_file,
         acl_file=args.acl_file, allow_insecure_remote=args.allow_insecure_remote,
         replication_tls_ca_file=args.replication_tls_ca_file, replication_tls_cert_file=args.replication_tls_cert_file,

@@ -73,6 +73,11 @@ class BrokerConfig:
     metrics_port : int
         HTTP port of the Prometheus endpoint ``/metrics`` on ``host``; -1 (the default) serves none,
         0 picks a free port.
+    send_port : int
+        TCP port on ``host`` of the lean send protocol (``broker.send_port``): a producer's
+        synchronous sends skip gRPC's per-call cost there. 0 (the default) picks a free port, which
+        ``Health`` tells clients; -1 serves none. Never served with TLS, access control or in a
+        broker group: clients then send over gRPC.
     workers : int
         Threads for the RPC work that may block (file writes and fsyncs, reads, offsets, locks,
         transactions). Waiting holds none: long-polling pulls and open send streams wait on the
@@ -143,6 +148,7 @@ class BrokerConfig:
     max_wait_ms: int = 30_000
     workers: int = 64
     metrics_port: int = -1
+    send_port: int = 0
     log_level: str = "INFO"
     log_format: str = "text"
     tls_cert_file: str = ""
@@ -288,6 +294,7 @@ _INT_RANGES: dict[str, tuple[int, int | None, str]] = {
     "max_wait_ms": (0, _INT32_MAX, "milliseconds"),
     "workers": (1, 1024, "threads"),
     "metrics_port": (-1, 65535, "-1 serves no metrics, 0 picks a free port"),
+    "send_port": (-1, 65535, "-1 serves none, 0 picks a free port"),
     "broker_id": (0, 1_000_000, "unique within the group"),
     "min_sync_replicas": (1, 16, "brokers, the master included"),
     "zk_session_timeout_ms": (1_000, 600_000, "milliseconds"),

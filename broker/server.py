@@ -11,6 +11,9 @@ Every failure becomes a precise status with trailing metadata (error kind, next 
 place, ``_abort``; a malformed request gets INVALID_ARGUMENT naming the expected type, and on a
 ``SendStream`` an error response while the stream stays open.
 
+Beside the gRPC port, the lean send port (``broker.send_port``) takes ``SendRequest`` frames over
+plain TCP on the same loop, for producers' synchronous sends.
+
 With ``acl_file`` set, every call is authenticated (``broker.security``) before its request is
 parsed and authorized right after; a ``SendStream`` is authenticated once when it opens and each
 of its requests authorized for its topic. Without it, no access-control code runs at all.
@@ -37,6 +40,7 @@ from broker.rocketmq import ACL_REFUSAL, refusal_handler, rocketmq_handler
 from broker.security.certificates import server_credentials
 from broker.security.guard import AccessGuard
 from broker.security.throttle import peer_host
+from broker.send_port import SendPort, serve_send_port, serves_send_port
 from broker.service import BrokerService
 from broker.wire.errors import ERROR_KIND_KEY, PermissionDeniedError, UnauthenticatedError, status_metadata, to_status
 
@@ -112,11 +116,11 @@ class _Transport:
     async def on_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
 
-    def _send_on_loop(self, request: pb.SendRequest) -> bool:
+    def send_on_loop(self, request: pb.SendRequest) -> bool:
         return self.sends_on_loop and not request.txn_id and len(request.batch) <= _ON_LOOP_SEND_BYTES
 
     async def send(self, request: pb.SendRequest) -> pb.SendResponse:
-        if self._send_on_loop(request):
+        if self.send_on_loop(request):
             return self.service.Send(request)
         return await self.on_thread(self.service.Send, request)
 
@@ -206,22 +210,34 @@ class _Transport:
         self.metrics.rpc_done("SendStream", started, _STATUS_NAMES.get(answer.error_code) if answer.error_code else None)
         return answer
 
-    async def _stream_request(self, raw: bytes, user: str | None) -> pb.SendResponse:
+    @staticmethod
+    def parse_send(raw: bytes) -> pb.SendRequest | pb.SendResponse:
+        """A stream's or the send port's request, or the error answer of a malformed one."""
         try:
-            request = pb.SendRequest.FromString(raw)
+            return pb.SendRequest.FromString(raw)
         except DecodeError:
             return pb.SendResponse(error_code=grpc.StatusCode.INVALID_ARGUMENT.value[0],
                                    error_kind="InvalidRequestError", error_message=_malformed(raw, pb.SendRequest))
+
+    @staticmethod
+    def send_failure(request: pb.SendRequest, exc: BaseException) -> pb.SendResponse:
+        """The answer of a request that failed, on a stream (or connection) that stays open."""
+        code, message, kind = to_status(exc)
+        if code == grpc.StatusCode.INTERNAL:
+            log.error("send request failed", exc_info=exc)
+        return pb.SendResponse(queue_id=request.queue_id, error_code=code.value[0], error_kind=kind,
+                               error_message=message)
+
+    async def _stream_request(self, raw: bytes, user: str | None) -> pb.SendResponse:
+        request = self.parse_send(raw)
+        if isinstance(request, pb.SendResponse):
+            return request
         try:
             if user is not None:
                 self.guard.authorize(user, "SendStream", request)
             return await self.send(request)
         except Exception as exc:  # noqa: BLE001 - reported per request, the stream stays open
-            code, message, kind = to_status(exc)
-            if code == grpc.StatusCode.INTERNAL:
-                log.error("SendStream request failed", exc_info=exc)
-            return pb.SendResponse(queue_id=request.queue_id, error_code=code.value[0], error_kind=kind,
-                                   error_message=message)
+            return self.send_failure(request, exc)
 
     def guarded_stream(self, name: str, behaviour: Callable[..., Any]) -> Callable[..., Any]:
         """A stream-stream handler (the Replication service) under access control: authenticated
@@ -296,6 +312,7 @@ class RunningBroker:
     _loop: _LoopThread
     _pool: futures.ThreadPoolExecutor
     metrics_port: int | None = None  # the Prometheus endpoint's port, when serving one
+    send_port: SendPort | None = None  # the lean send port (broker.send_port), when served
 
     @property
     def address(self) -> str:
@@ -306,6 +323,8 @@ class RunningBroker:
         if self._stop_event.is_set():
             return
         self._stop_event.set()
+        if self.send_port is not None:
+            self._loop.call(self.send_port.close())
         self._loop.call(self.server.stop(grace))
         self._loop.close()
         self._pool.shutdown(wait=True)
@@ -377,24 +396,35 @@ def start_broker(config: BrokerConfig) -> RunningBroker:
         service.cluster = ClusterNode(service, link)
     pool = futures.ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="orderlymq-rpc")
     loop = _LoopThread()
-    server = None
+    server = send_port = None
 
     def abandon() -> None:
         """Undo a start that failed part-way: nothing keeps serving or holding the data dir."""
+        if send_port is not None:
+            loop.call(send_port.close())
         if server is not None:
             loop.call(server.stop(0))
         loop.close()
         pool.shutdown()
         service.close()
 
+    transport = _Transport(service, pool, guard)
     try:
-        server, port = loop.call(_serve(config, _Transport(service, pool, guard)))
+        server, port = loop.call(_serve(config, transport))
     except BaseException:
         abandon()
         raise
     if port == 0:
         abandon()
         raise OSError(f"cannot listen on {config.host}:{config.port} (in use?); pick another --port")
+    if serves_send_port(config, guard is not None):
+        try:
+            send_port = loop.call(serve_send_port(config, transport))
+        except OSError as exc:
+            abandon()
+            raise OSError(f"cannot listen on {config.host}:{config.send_port} for the send port ({exc}); pick "
+                          "another send_port, or -1 for none") from None
+        service.send_port = send_port.port
     try:
         metrics_port = service.metrics.serve(config.metrics_port, config.host) if config.metrics_port >= 0 else None
     except OSError as exc:
@@ -411,7 +441,8 @@ def start_broker(config: BrokerConfig) -> RunningBroker:
     stop = threading.Event()
     housekeeper = threading.Thread(target=service.housekeeping, args=(stop,), name="orderlymq-housekeeping", daemon=True)
     housekeeper.start()
-    log.info("broker %s listening on %s:%d (data %s, flush=%s, %s, %s)", config.broker_name, config.host, port,
+    log.info("broker %s listening on %s:%d (data %s, flush=%s, %s, %s, %s)", config.broker_name, config.host, port,
              config.data_dir, config.flush, "mutual TLS" if config.tls_client_ca_file else "TLS" if config.tls
-             else "plaintext", f"ACL {config.acl_file}" if guard else "no access control")
-    return RunningBroker(server, service, config, port, stop, housekeeper, loop, pool, metrics_port)
+             else "plaintext", f"ACL {config.acl_file}" if guard else "no access control",
+             f"send port {send_port.port}" if send_port else "no send port")
+    return RunningBroker(server, service, config, port, stop, housekeeper, loop, pool, metrics_port, send_port)

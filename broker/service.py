@@ -68,6 +68,7 @@ class BrokerService:
         # In a broker group, the master's node (``broker.cluster``): None for a single broker.
         # Set by ``start_broker``; a slave finishes interrupted commits only once promoted.
         self.cluster = None
+        self.send_port = 0  # the lean send port once served (broker.send_port), told by Health
         if not config.clustered:
             self.finish_interrupted_commits()
 
@@ -333,7 +334,8 @@ class BrokerService:
         return pb.AbortTxnResponse()
 
     def Health(self, request):
-        health = pb.HealthResponse(status="SERVING", broker_name=self.config.broker_name, version=broker.__version__)
+        health = pb.HealthResponse(status="SERVING", broker_name=self.config.broker_name, version=broker.__version__,
+                                   send_port=self.send_port)
         if self.cluster is not None:
             self.cluster.describe(health)
         return health

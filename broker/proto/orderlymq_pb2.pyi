@@ -461,7 +461,7 @@ class HealthRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class HealthResponse(_message.Message):
-    __slots__ = ("status", "broker_name", "version", "role", "master_address", "group_epoch", "broker_id", "sync_set", "replicas")
+    __slots__ = ("status", "broker_name", "version", "role", "master_address", "group_epoch", "broker_id", "sync_set", "replicas", "send_port")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -471,6 +471,7 @@ class HealthResponse(_message.Message):
     BROKER_ID_FIELD_NUMBER: _ClassVar[int]
     SYNC_SET_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    SEND_PORT_FIELD_NUMBER: _ClassVar[int]
     status: str
     broker_name: str
     version: str
@@ -480,7 +481,8 @@ class HealthResponse(_message.Message):
     broker_id: int
     sync_set: _containers.RepeatedScalarFieldContainer[int]
     replicas: _containers.RepeatedCompositeFieldContainer[ReplicaStatus]
-    def __init__(self, status: _Optional[str] = ..., broker_name: _Optional[str] = ..., version: _Optional[str] = ..., role: _Optional[str] = ..., master_address: _Optional[str] = ..., group_epoch: _Optional[int] = ..., broker_id: _Optional[int] = ..., sync_set: _Optional[_Iterable[int]] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ...) -> None: ...
+    send_port: int
+    def __init__(self, status: _Optional[str] = ..., broker_name: _Optional[str] = ..., version: _Optional[str] = ..., role: _Optional[str] = ..., master_address: _Optional[str] = ..., group_epoch: _Optional[int] = ..., broker_id: _Optional[int] = ..., sync_set: _Optional[_Iterable[int]] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., send_port: _Optional[int] = ...) -> None: ...
 
 class ReplicaStatus(_message.Message):
     __slots__ = ("broker_id", "connected", "in_sync_set", "behind_messages", "caught_up_ms_ago")

@@ -20,7 +20,9 @@ from broker.wire.errors import BadBatchError
 from broker.wire.limits import MAX_PROPERTY_KEY_BYTES, MAX_PROPERTY_VALUE_BYTES, MAX_TAG_BYTES
 
 __all__ = [
+    "END_OF_STREAM",
     "MESSAGE_SCHEMA",
+    "MESSAGE_SCHEMA_IPC",
     "STORED_SCHEMA",
     "decode",
     "decode_many",
@@ -61,9 +63,9 @@ def now_ms() -> int:
 
 # The IPC stream framing of the two schemas every batch uses, serialized once: encoding or
 # decoding a small batch then costs a few calls instead of a stream writer's or reader's setup.
-_MESSAGE_SCHEMA_IPC = MESSAGE_SCHEMA.serialize().to_pybytes()
-_KNOWN_SCHEMAS = ((MESSAGE_SCHEMA, _MESSAGE_SCHEMA_IPC), (STORED_SCHEMA, STORED_SCHEMA.serialize().to_pybytes()))
-_END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+MESSAGE_SCHEMA_IPC = MESSAGE_SCHEMA.serialize().to_pybytes()
+_KNOWN_SCHEMAS = ((MESSAGE_SCHEMA, MESSAGE_SCHEMA_IPC), (STORED_SCHEMA, STORED_SCHEMA.serialize().to_pybytes()))
+END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 
 
 def encode(data: pa.RecordBatch | pa.Table) -> bytes:
@@ -77,7 +79,7 @@ def encode_parts(data: pa.RecordBatch | pa.Table) -> list[bytes | pa.Buffer]:
     for schema, message in _KNOWN_SCHEMAS:
         if data.schema.equals(schema):
             batches = data.to_batches() if isinstance(data, pa.Table) else [data]
-            return [message, *(b.serialize() for b in batches), _END_OF_STREAM]
+            return [message, *(b.serialize() for b in batches), END_OF_STREAM]
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, data.schema) as writer:
         writer.write(data)
@@ -282,9 +284,9 @@ def _message_batch(payload: bytes) -> tuple[bytes, int]:
         _validate(normalized, len(payload))
     batches = normalized.to_batches()
     _check_limits(normalized)
-    if (normalized is table and isinstance(payload, bytes) and payload.startswith(_MESSAGE_SCHEMA_IPC)
-            and payload.endswith(_END_OF_STREAM) and len(payload) == len(_MESSAGE_SCHEMA_IPC)
-            + sum(map(pa.ipc.get_record_batch_size, batches)) + len(_END_OF_STREAM)):
+    if (normalized is table and isinstance(payload, bytes) and payload.startswith(MESSAGE_SCHEMA_IPC)
+            and payload.endswith(END_OF_STREAM) and len(payload) == len(MESSAGE_SCHEMA_IPC)
+            + sum(map(pa.ipc.get_record_batch_size, batches)) + len(END_OF_STREAM)):
         return payload, table.num_rows
     return encode(normalized), normalized.num_rows
 
@@ -297,10 +299,15 @@ def _validate(table: pa.Table, size: int) -> None:
 
 
 def _check_limits(table: pa.Table) -> None:
-    """Tags, property keys and values within their size limits; born timestamps readable as dates."""
-    born = pc.min_max(table.column("born_timestamp").cast(pa.int64()))
-    low, high = born["min"].as_py(), born["max"].as_py()
-    if low is not None and (low < MIN_BORN_MS or high > MAX_BORN_MS):
+    """Tags, property keys and values within their size limits; born timestamps readable as dates.
+
+    Read from the arrays' buffers with numpy: a compute kernel call costs more than a small
+    batch's whole check, and a synchronous send checks a batch of one.
+    """
+    born = [_int64_values(chunk) for chunk in table.column("born_timestamp").chunks if len(chunk)]
+    low = min(int(values.min()) for values in born)
+    high = max(int(values.max()) for values in born)
+    if low < MIN_BORN_MS or high > MAX_BORN_MS:
         raise BadBatchError(f"column 'born_timestamp' holds {low if low < MIN_BORN_MS else high}, not a time in "
                             f"years 1 to 9999 (ms since the Unix epoch, {MIN_BORN_MS} to {MAX_BORN_MS})")
     properties = table.column("properties").chunks
@@ -309,9 +316,28 @@ def _check_limits(table: pa.Table) -> None:
         ("property key", MAX_PROPERTY_KEY_BYTES, [chunk.keys for chunk in properties]),
         ("property value", MAX_PROPERTY_VALUE_BYTES, [chunk.items for chunk in properties]),
     ):
-        longest = max((pc.max(pc.binary_length(chunk)).as_py() or 0 for chunk in values if len(chunk)), default=0)
+        longest = max((_longest_value(chunk) for chunk in values if len(chunk)), default=0)
         if longest > limit:
             raise BadBatchError(f"a {what} in the batch is {longest} bytes long; the limit is {limit} bytes (UTF-8)")
+
+
+def _int64_values(chunk: pa.Array) -> np.ndarray:
+    """The values of a timestamp array without nulls (``normalize`` filled them)."""
+    if chunk.null_count:
+        chunk = pc.fill_null(chunk.cast(pa.int64()), 0)
+    return np.frombuffer(chunk.buffers()[1], np.int64, len(chunk), chunk.offset * 8)
+
+
+def _longest_value(chunk: pa.Array) -> int:
+    """The byte length of the longest non-null value of a non-empty string array."""
+    if chunk.null_count == len(chunk):  # a send's usual tag
+        return 0
+    validity, offsets = chunk.buffers()[:2]
+    lengths = np.diff(np.frombuffer(offsets, np.int32, len(chunk) + 1, chunk.offset * 4))
+    if chunk.null_count:  # a null slot's offsets may span bytes that do not count
+        valid = np.unpackbits(np.frombuffer(validity, np.uint8), bitorder="little")[chunk.offset:][:len(chunk)]
+        lengths = lengths[valid.astype(bool)]
+    return int(lengths.max()) if len(lengths) else 0
 
 
 def join_records(bodies: Sequence[bytes]) -> tuple[bytes, int]:
@@ -321,9 +347,9 @@ def join_records(bodies: Sequence[bytes]) -> tuple[bytes, int]:
     record batch messages, one end-of-stream marker): no batch is decoded into columns and encoded
     again, which is what committing a transaction of many staged sends would otherwise cost.
     """
-    prefix = _MESSAGE_SCHEMA_IPC
-    if all(body.startswith(prefix) and body.endswith(_END_OF_STREAM) for body in bodies):
-        joined = b"".join([prefix, *(memoryview(b)[len(prefix):-len(_END_OF_STREAM)] for b in bodies), _END_OF_STREAM])
+    prefix = MESSAGE_SCHEMA_IPC
+    if all(body.startswith(prefix) and body.endswith(END_OF_STREAM) for body in bodies):
+        joined = b"".join([prefix, *(memoryview(b)[len(prefix):-len(END_OF_STREAM)] for b in bodies), END_OF_STREAM])
         return joined, decode(joined).num_rows  # a zero-copy read of the batch headers
     table = decode_records(bodies)
     return encode(table), table.num_rows
@@ -336,10 +362,10 @@ def decode_records(bodies: Sequence[bytes]) -> pa.Table:
     end-of-stream marker), so consecutive ones are read as one stream: one decode, not one per
     record. Records stored with the store columns (older data directories) are decoded one by one.
     """
-    prefix = _MESSAGE_SCHEMA_IPC
+    prefix = MESSAGE_SCHEMA_IPC
     if len(bodies) > 1 and all(body.startswith(prefix) for body in bodies):
-        messages = (memoryview(body)[len(prefix):-len(_END_OF_STREAM)] for body in bodies)
-        return pa.ipc.open_stream(b"".join([prefix, *messages, _END_OF_STREAM])).read_all()  # loops in C++
+        messages = (memoryview(body)[len(prefix):-len(END_OF_STREAM)] for body in bodies)
+        return pa.ipc.open_stream(b"".join([prefix, *messages, END_OF_STREAM])).read_all()  # loops in C++
     tables = [t if t.num_columns == len(MESSAGE_SCHEMA) else t.select(MESSAGE_SCHEMA.names)
               for t in map(decode, bodies)]
     return pa.concat_tables(tables) if len(tables) > 1 else tables[0]

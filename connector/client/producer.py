@@ -335,7 +335,10 @@ class Producer:
         deadline = time.monotonic() + self.retry_timeout
         row = _message_row(body, key, tag, properties)
         target = self._route_one(topic, row, selector, arg, queue_id, deadline)
-        return self._send_chunk(topic, target, [row], True, deadline)
+        sent = self._sender_for(topic, target, deadline).send_direct(topic, target, row, deadline)
+        if isinstance(sent, SendResult):  # over the broker's send port
+            return sent
+        return self._send_chunk(topic, target, [row], True, deadline, None if sent is None else [sent])
 
     def _send_chunk(self, topic: str, queue_id: int, data, single: bool, deadline: float,
                     parts: list[Future] | None = None):

@@ -49,8 +49,10 @@ from broker.wire.errors import (
     from_rpc_error,
     from_status,
 )
+from broker.wire.one_message import encode_one
 from connector.client.connection import BrokerConnection, pb
 from connector.client.messages import SendResult
+from connector.client.send_port import SendPortClient, SendPortFailure
 
 __all__ = ["PipelinedSender"]
 
@@ -131,6 +133,7 @@ class _Partition:
     next_sequence: int = 0
     in_flight: int = 0
     urgent: bool = False
+    direct: bool = False  # a send on the send port is out: nothing else of the queue leaves meanwhile
 
 
 class PipelinedSender:
@@ -168,6 +171,7 @@ class PipelinedSender:
         self._buffered = 0  # rows submitted and not yet on the stream
         self._flushing = 0
         self._closed = False
+        self._send_port = SendPortClient(connection)
         self._dispatcher = threading.Thread(target=self._dispatch_loop, name="orderlymq-send-dispatch", daemon=True)
         self._streamer = threading.Thread(target=self._stream_loop, name="orderlymq-send-stream", daemon=True)
         self._watchdog = threading.Thread(target=self._watch_loop, name="orderlymq-send-watchdog", daemon=True)
@@ -232,6 +236,67 @@ class PipelinedSender:
                 self._cond.notify_all()
         return [c.future for c in chunks]
 
+    def send_direct(self, topic: str, queue_id: int, row: dict, deadline: float) -> SendResult | Future | None:
+        """Send one message over the broker's send port and wait for it, when its queue has
+        nothing buffered or in flight (so it cannot pass an earlier message): its ``SendResult``.
+        When the port does not answer, the message is resent on the stream under the same
+        sequence, and the future of that send is returned. None: not taken, ``submit`` it.
+        """
+        if not self._send_port.ready():
+            return None
+        key = (topic, queue_id)
+        with self._cond:
+            if self._closed:
+                raise OrderlyMQError("the producer is closed; create a new one to send")
+            partition = self._partitions.get(key)
+            if partition is None:
+                partition = self._partitions[key] = _Partition()
+            if partition.pending or partition.in_flight:
+                return None
+            sequence = partition.next_sequence
+            partition.next_sequence += 1
+            partition.in_flight += 1
+            partition.direct = True
+            self._outstanding += 1
+        try:
+            request = pb.SendRequest(topic=topic, queue_id=queue_id, batch=encode_one(row),
+                                     producer_id=self.producer_id, sequence=sequence)
+            response = self._send_port.round_trip(request, deadline)
+        except SendPortFailure as failure:
+            return self._hand_over(topic, queue_id, sequence, row, request, deadline, failure.written)
+        except BaseException:
+            self._direct_done(partition)  # not encodable: never sent (the sequence stays unused)
+            raise
+        if response.error_kind in _RESEND_KINDS:
+            return self._hand_over(topic, queue_id, sequence, row, request, deadline, True)
+        self._direct_done(partition)
+        if response.error_code:
+            error = _response_error(response)
+            self._on_rejected(topic, error)
+            raise error
+        return SendResult(topic, queue_id, response.base_offset, response.store_timestamp, response.duplicate)
+
+    def _direct_done(self, partition: _Partition) -> None:
+        with self._cond:
+            partition.in_flight -= 1
+            partition.direct = False
+            self._outstanding -= 1
+            self._cond.notify_all()
+
+    def _hand_over(self, topic: str, queue_id: int, sequence: int, row: dict, request: pb.SendRequest,
+                   deadline: float, written: bool) -> Future:
+        """Put a send the send port did not answer on the stream, first of its queue, as if it had
+        been sent there: resent under its sequence (stored at most once), or failed by its deadline."""
+        chunk = _Chunk(None, [row], Future(), True, _row_bytes(row), 1, deadline)
+        batch = _Batch(topic, queue_id, sequence, [chunk], request=request, written=written)
+        with self._cond:
+            self._partitions[(topic, queue_id)].direct = False
+            self._in_flight.append(batch)
+            if self._requests is not None:
+                self._requests.put(batch)
+            self._cond.notify_all()
+        return chunk.future
+
     def flush(self, timeout: float | None = None) -> bool:
         """Send everything buffered now and wait until every send so far is acknowledged or failed."""
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -264,6 +329,7 @@ class PipelinedSender:
             call.cancel()  # only unsettled batches are left: do not wait for a broker that may not answer
         for thread in (self._dispatcher, self._streamer, self._watchdog):
             thread.join(timeout=5)
+        self._send_port.close()
 
     def settlement(self, topic: str, queue_id: int, sequence: int) -> Future | None:
         """The future settling batch ``sequence`` of a queue once reported as of unknown outcome: it
@@ -292,7 +358,7 @@ class PipelinedSender:
         now = time.monotonic()
         batches, wake = [], None
         for (topic, queue_id), partition in self._partitions.items():
-            while partition.pending and partition.in_flight < self.window:
+            while partition.pending and partition.in_flight < self.window and not partition.direct:
                 if not self._due(partition, now):
                     wake = partition.oldest + self.linger if wake is None else min(wake, partition.oldest + self.linger)
                     break

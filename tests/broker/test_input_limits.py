@@ -79,6 +79,19 @@ def test_metadata_at_the_limits_is_accepted():
     assert codec.message_batch(codec.encode(table))[1] == 2
 
 
+def test_the_limits_count_only_non_null_values_of_any_slice():
+    # A null tag whose offsets span 300 bytes: Arrow allows it, and the limit is not about it.
+    data = pa.py_buffer(b"t" * 301)
+    offsets = pa.py_buffer(pa.array([0, 300, 301], pa.int32()).buffers()[1])
+    validity = pa.py_buffer(bytes([0b10]))
+    tags = pa.Array.from_buffers(pa.string(), 2, [validity, offsets, data], null_count=1)
+    assert codec.message_batch(codec.encode(message_table(tag=tags)))[1] == 2
+    long_tags = message_table(tag=pa.array(["t" * 256, "t"]))
+    with pytest.raises(BadBatchError, match="256 bytes long"):
+        codec.message_batch(codec.encode(long_tags.slice(0, 1)))
+    assert codec.message_batch(codec.encode(long_tags.slice(1, 1)))[1] == 1  # the slice left the long one out
+
+
 @pytest.mark.parametrize(
     ("method", "request_", "message"),
     [

@@ -1,0 +1,154 @@
+"""The lean send port (broker/send_port.py, broker/wire/frames.py) spoken over a raw socket: what
+it stores and answers, in order, and how it refuses what it must not take."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from broker.config import BrokerConfig
+from broker.proto import orderlymq_pb2 as pb
+from broker.send_port import serves_send_port
+from broker.wire import codec
+from broker.wire.frames import HELLO_SIZE, LENGTH, VERSION, hello, parse_hello
+from broker.wire.one_message import encode_one
+from connector.client.connection import BrokerConnection
+from connector.history import History
+from tests.faults.workload import body, stored_deliveries
+
+
+class Raw:
+    """A hand-driven send port connection."""
+
+    def __init__(self, address: str, port: int, version: int = VERSION) -> None:
+        self.sock = socket.create_connection((address.rpartition(":")[0], port), timeout=10)
+        self.sock.sendall(hello(version))
+        self.version = parse_hello(self.read(HELLO_SIZE))
+
+    def read(self, n: int) -> bytes:
+        data = b""
+        while len(data) < n:
+            chunk = self.sock.recv(n - len(data))
+            if not chunk:
+                raise ConnectionError("closed")
+            data += chunk
+        return data
+
+    def write(self, payload: bytes) -> None:
+        self.sock.sendall(LENGTH.pack(len(payload)) + payload)
+
+    def answer(self) -> pb.SendResponse:
+        (size,) = LENGTH.unpack(self.read(LENGTH.size))
+        return pb.SendResponse.FromString(self.read(size))
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _request(topic: str, key: str, seq: int, **fields) -> bytes:
+    row = {"key": key, "body": body(key, seq), "born_timestamp": codec.now_ms()}
+    return pb.SendRequest(topic=topic, queue_id=0, batch=encode_one(row), **fields).SerializeToString()
+
+
+def _send_port(address: str) -> int:
+    with BrokerConnection(address) as conn:
+        return conn.call("Health", pb.HealthRequest()).send_port
+
+
+@pytest.fixture
+def port_broker(broker, topic_name):
+    with BrokerConnection(broker.address) as conn:
+        conn.call("CreateTopic", pb.CreateTopicRequest(topic=topic_name, queue_count=1))
+    raw = Raw(broker.address, _send_port(broker.address))
+    yield broker, raw
+    raw.close()
+
+
+def test_pipelined_requests_are_stored_and_answered_in_order_and_a_resend_is_a_duplicate(port_broker, topic_name):
+    broker, raw = port_broker
+    assert raw.version == VERSION
+    for seq in range(50):  # all written before any answer is read
+        raw.write(_request(topic_name, "k", seq, producer_id="p1", sequence=seq))
+    answers = [raw.answer() for _ in range(50)]
+    assert [a.base_offset for a in answers] == list(range(50))
+    assert not any(a.error_code or a.duplicate for a in answers)
+    raw.write(_request(topic_name, "k", 7, producer_id="p1", sequence=7))  # a resend: stored at most once
+    again = raw.answer()
+    assert again.duplicate and again.base_offset == 7
+    history = History()
+    for seq in range(50):
+        history.sent("k", seq, acked=True)
+    with BrokerConnection(broker.address) as conn:
+        history.extend_deliveries(stored_deliveries(conn, topic_name))
+    verdict = history.check()
+    assert verdict.ok and verdict.deliveries == 50, verdict
+
+
+def test_a_bad_request_gets_an_error_answer_and_the_connection_goes_on(port_broker, topic_name):
+    _broker, raw = port_broker
+    raw.write(b"\xff\xff\xff")  # not a SendRequest
+    malformed = raw.answer()
+    assert malformed.error_kind == "InvalidRequestError" and "SendRequest" in malformed.error_message
+    raw.write(_request("no-such-topic", "k", 0))
+    missing = raw.answer()
+    assert missing.error_kind == "TopicNotFoundError" and "no-such-topic" in missing.error_message
+    raw.write(pb.SendRequest(topic=topic_name, queue_id=0, batch=b"not arrow").SerializeToString())
+    assert raw.answer().error_kind == "BadBatchError"
+    raw.write(_request(topic_name, "k", 0))
+    stored = raw.answer()
+    assert stored.error_code == 0 and stored.base_offset == 0
+
+
+def test_a_transactional_send_is_staged_like_on_grpc(port_broker, topic_name):
+    broker, raw = port_broker
+    with BrokerConnection(broker.address) as conn:
+        conn.call("BeginTxn", pb.BeginTxnRequest(txn_id="tx-1"))
+        raw.write(_request(topic_name, "k", 0, txn_id="tx-1"))
+        raw.write(_request(topic_name, "k", 1))  # queued behind the staged one (it runs on a thread)
+        staged, direct = raw.answer(), raw.answer()
+        assert staged.base_offset == -1 and staged.error_code == 0
+        assert direct.base_offset == 0
+        conn.call("CommitTxn", pb.CommitTxnRequest(txn_id="tx-1"))
+        assert [d.seq for d in stored_deliveries(conn, topic_name)] == [1, 0]
+
+
+def test_an_oversized_frame_is_refused_then_the_connection_closes(broker_factory, topic_name):
+    broker = broker_factory(max_request_bytes=4096)
+    with BrokerConnection(broker.address) as conn:
+        conn.call("CreateTopic", pb.CreateTopicRequest(topic=topic_name, queue_count=1))
+    raw = Raw(broker.address, _send_port(broker.address))
+    raw.sock.sendall(LENGTH.pack(10_000) + b"x" * 100)
+    refused = raw.answer()
+    assert "over the broker's limit of 4096 bytes" in refused.error_message
+    with pytest.raises(ConnectionError):
+        raw.read(1)
+
+
+def test_a_client_that_does_not_speak_the_protocol_is_closed(broker):
+    sock = socket.create_connection(("127.0.0.1", _send_port(broker.address)), timeout=10)
+    sock.sendall(b"GET / HTTP/1.1\r\n\r\n")
+    assert sock.recv(100) == b""
+    sock.close()
+
+
+def test_a_client_asking_another_version_is_told_the_brokers(broker):
+    raw = Raw(broker.address, _send_port(broker.address), version=VERSION + 1)
+    assert raw.version == VERSION  # the client closes: it cannot speak this version
+    raw.close()
+
+
+def test_the_port_is_not_served_with_access_control_tls_a_group_or_when_turned_off(broker_factory, tmp_path):
+    from tests.security.conftest import AclFile, credentials
+
+    acl = AclFile(tmp_path / "acl.toml")
+    acl.write()
+    secure = broker_factory(acl_file=str(acl.path))
+    assert secure.send_port is None
+    with BrokerConnection(secure.address, credentials=credentials("admin")) as conn:
+        assert conn.call("Health", pb.HealthRequest()).send_port == 0
+    off = broker_factory(send_port=-1)
+    assert off.send_port is None and _send_port(off.address) == 0
+    assert not serves_send_port(BrokerConfig(tls_cert_file="broker.pem", tls_key_file="broker.key"), False)
+    assert not serves_send_port(BrokerConfig(zookeeper="127.0.0.1:2181"), False)
+    assert serves_send_port(BrokerConfig(), False)
