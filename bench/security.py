@@ -5,7 +5,9 @@ Workloads: batched produce (10,000-message batches of 100 B bodies, 2 threads, 8
 sync sends (one-message batches, one thread, each waiting for its answer). ``flush = "async"``
 so that fsync does not hide the per-call cost. Beside each rate, the CPU time per message of
 the broker process and of the client process: on a machine shared with other work the rates
-swing with the load, the CPU spent per message much less. Run:
+swing with the load, the CPU spent per message much less. Then the same workloads against a
+broker group's master, plaintext against mutual TLS + ACL on every link, replication included
+(``bench/secure_replication.py``). Run:
 ``python spark_jobs/bench.py --only security``.
 """
 
@@ -17,6 +19,7 @@ from pathlib import Path
 
 import psutil
 
+from bench import secure_replication
 from bench.broker import _timed_threads, make_batch
 from bench.report import Row
 from broker.launcher import BrokerProcess
@@ -138,4 +141,4 @@ def run(workdir: Path, quick: bool) -> list[Row]:
                             goal=f"CPU/msg broker {got.broker_cpu_us:.2f} us (x{cpu['broker_cpu_ratio']:.2f}), "
                                  f"client {got.client_cpu_us:.2f} us (x{cpu['client_cpu_ratio']:.2f})",
                             extra={"mode": mode, "seconds": seconds, "rounds": rounds, **cpu}))
-    return rows
+    return rows + secure_replication.run(workdir, quick, (("batched produce", _batched), ("sync sends", _sync)))

@@ -44,6 +44,11 @@ KILLS = 2 if PROFILE.name == "short" else 6
 SECRETS = {"admin": "admin-secret-0001", "app": "app-secret-000002", "replicator": "replicator-secret-3"}
 
 
+def _first_ack_after(producers: list[KeyedProducer], moment: float) -> float | None:
+    later = [t for p in producers for t in list(p.ack_times) if t > moment]
+    return min(later) - moment if later else None
+
+
 def creds(user: str) -> Credentials:
     return Credentials(user, SECRETS[user])
 
@@ -96,7 +101,7 @@ def test_tls_acl_group_fails_over_losing_nothing(broker_group, secure, fault_rep
     producers = [KeyedProducer(group.addresses, TOPIC, [f"p{p}-k{k}" for k in range(PROFILE.keys_per_producer)],
                                history, rate=PROFILE.send_rate, **secure.client("app"))
                  for p in range(PROFILE.producers)]
-    elections = []
+    elections, first_acks = [], []
     try:
         for producer in producers:
             producer.start()
@@ -104,10 +109,11 @@ def test_tls_acl_group_fails_over_losing_nothing(broker_group, secure, fault_rep
             time.sleep(PROFILE.cycle_seconds)
             master = group.wait_for_master()
             master.kill9()
-            killed = time.monotonic()
+            killed_wall, killed = time.time(), time.monotonic()
             group.wait_for_master(exclude=master)
             elections.append(time.monotonic() - killed)
             master.start()  # back as a slave, over TLS and as the replication user
+            first_acks.append(wait_until(lambda at=killed_wall: _first_ack_after(producers, at), timeout=60))
         time.sleep(PROFILE.cycle_seconds)
         for producer in producers:
             producer.stop.set()
@@ -122,7 +128,9 @@ def test_tls_acl_group_fails_over_losing_nothing(broker_group, secure, fault_rep
         log = check(history.sends, stored_deliveries(conn, TOPIC))
     consumed = history.check()
     fault_report("cluster: TLS + ACL group, master kill -9 loop, 3 brokers", {"log": log, "consumed": consumed},
-                 kills=KILLS, election_s_max=round(max(elections), 2))
+                 kills=KILLS, election_s_max=round(max(elections), 2),
+                 first_ack_after_kill_s_max=round(max(a or 0 for a in first_acks), 2),
+                 send_failures=sum(len(p.failures) for p in producers))
     assert log.ok and log.acked > 0, str(log)
     assert caught_up and consumed.lost == 0, str(consumed)
     assert consumed.out_of_order == 0 and consumed.unexpected == 0, str(consumed)
