@@ -115,9 +115,14 @@ class BrokerMetrics:
         if code is not None:
             self.rpc_errors.labels(method, code).inc()
 
-    def serve(self, port: int, host: str = "127.0.0.1") -> int:
-        """Serve ``/metrics`` on ``host:port`` (0 picks a free port); returns the port."""
-        server, _thread = start_http_server(port, addr=host, registry=self.registry)
+    def serve(self, port: int, host: str = "127.0.0.1", *, cert_file: str = "", key_file: str = "",
+              client_ca_file: str = "") -> int:
+        """Serve ``/metrics`` on ``host:port`` (0 picks a free port); returns the port. With
+        ``cert_file`` / ``key_file`` over HTTPS, with ``client_ca_file`` only to clients (scrapers)
+        presenting a certificate of that CA."""
+        server, _thread = start_http_server(port, addr=host, registry=self.registry, certfile=cert_file or None,
+                                            keyfile=key_file or None, client_cafile=client_ca_file or None,
+                                            client_auth_required=bool(client_ca_file))
         self._http = server
         return server.server_port
 

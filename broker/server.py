@@ -426,7 +426,9 @@ def start_broker(config: BrokerConfig) -> RunningBroker:
                           "another send_port, or -1 for none") from None
         service.send_port = send_port.port
     try:
-        metrics_port = service.metrics.serve(config.metrics_port, config.host) if config.metrics_port >= 0 else None
+        metrics_port = service.metrics.serve(
+            config.metrics_port, config.host, cert_file=config.tls_cert_file, key_file=config.tls_key_file,
+            client_ca_file=config.tls_client_ca_file) if config.metrics_port >= 0 else None
     except OSError as exc:
         abandon()
         raise OSError(f"cannot serve metrics on {config.host}:{config.metrics_port} ({exc}); pick another "

@@ -213,7 +213,7 @@ def _console(args, console: Console) -> None:
     if args.interval <= 0:
         raise InvalidOptionError(f"--interval must be more than 0 seconds, got {args.interval:g}")
     try:
-        server = ConsoleServer(args.brokers, host=args.host, port=args.port, interval=args.interval)
+        server = ConsoleServer(args.brokers, host=args.host, port=args.port, interval=args.interval, **_tls(args))
     except OSError as exc:
         raise InvalidOptionError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from exc
     with server:

@@ -22,6 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from broker.wire.tls import TlsOptions
 from connector.client.admin import Admin
 from connector.console.snapshot import take_snapshot
 from connector.console.timeline import Timeline
@@ -55,12 +56,16 @@ class ConsoleServer:
         Address to listen on; loopback by default, as the console has no login.
     interval : float
         Seconds between two snapshots of the broker (the page polls at the same pace).
+    tls : TlsOptions, optional
+        How to reach a broker that serves TLS; credentials come from ``ORDERLYMQ_ACCESS_KEY`` /
+        ``ORDERLYMQ_SECRET_KEY`` as for every client.
     """
 
-    def __init__(self, brokers: str, *, host: str = "127.0.0.1", port: int = 8080, interval: float = 1.0) -> None:
+    def __init__(self, brokers: str, *, host: str = "127.0.0.1", port: int = 8080, interval: float = 1.0,
+                 tls: TlsOptions | None = None) -> None:
         self.brokers = brokers
         self.interval = interval
-        self._admin = Admin(brokers, timeout=max(2.0, interval), retry_timeout=interval)
+        self._admin = Admin(brokers, timeout=max(2.0, interval), retry_timeout=interval, tls=tls)
         self._timeline = Timeline()
         self._state: dict[str, Any] = {"snapshot": None, "error": "connecting to the broker…", "error_since_ms": None}
         self._lock = threading.Lock()

@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+import http.client
+import json
+import os
+import ssl
+import subprocess
+import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -146,3 +154,34 @@ def test_renewed_certificate_files_apply_without_restart(broker_factory, tmp_pat
     Path(f"{key}.tmp").replace(key)
     assert wait_until(lambda: _serves(broker.address, trusts_new)), caplog.text
     assert not _serves(broker.address, trusts_old)
+
+
+def test_metrics_are_served_over_mutual_tls_with_the_broker_certificate(broker_factory, pki):
+    ca, server, client = pki
+    broker = broker_factory(tls_cert_file=server.cert_file, tls_key_file=server.key_file,
+                            tls_client_ca_file=ca.ca_file, metrics_port=0)
+    url = f"https://127.0.0.1:{broker.metrics_port}/metrics"
+    scraper = ssl.create_default_context(cafile=ca.ca_file)
+    scraper.load_cert_chain(client.cert_file, client.key_file)
+    assert b"orderlymq_" in urllib.request.urlopen(url, context=scraper, timeout=10).read()
+    for refused in (ssl.create_default_context(cafile=ca.ca_file), None):  # no client certificate; plain HTTP
+        with pytest.raises((ssl.SSLError, urllib.error.URLError, ConnectionError, http.client.HTTPException)):
+            target = url if refused is not None else url.replace("https:", "http:")
+            urllib.request.urlopen(target, context=refused, timeout=10).read()
+
+
+def test_console_reads_a_tls_and_acl_broker(broker_factory, pki, acl_file):
+    ca, server, _ = pki
+    broker = broker_factory(tls_cert_file=server.cert_file, tls_key_file=server.key_file, acl_file=str(acl_file.path))
+    with Admin(broker.address, tls=TlsOptions(ca_file=ca.ca_file), credentials=credentials("admin")) as admin:
+        admin.create_topic("orders-console", 2)
+    environment = {**os.environ, **credentials("admin").environment()}
+    process = subprocess.Popen([sys.executable, "-m", "connector.cli", "--brokers", broker.address, "--tls-ca-file",
+                                ca.ca_file, "console", "--port", "0"], stdout=subprocess.PIPE, text=True, env=environment)
+    try:
+        url = process.stdout.readline().split(" at ", 1)[1].split(" ", 1)[0]
+        snapshot = wait_until(lambda: json.loads(urllib.request.urlopen(url + "api/state", timeout=10).read())["snapshot"])
+        assert [t["name"] for t in snapshot["topics"]] == ["orders-console"]
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
