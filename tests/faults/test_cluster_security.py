@@ -3,7 +3,8 @@
 Slaves dial their master over TLS, verify its certificate and present their own, and open the
 ``Replicate`` stream as a user with the ``replicate`` right; clients follow ``NotMasterError``
 and read ``orderlymq cluster status`` with their own TLS and credentials. Judged by the strict
-checker: a failover under producers and an orderly group loses, duplicates and reorders nothing.
+checker: a failover under producers and an orderly group loses, duplicates and reorders nothing,
+in one group and with a topic spread over two groups.
 Refusals: a caller without credentials (UNAUTHENTICATED, on the slaves too), an admin of every
 topic without the replicate right (PERMISSION_DENIED), a slave trusting another CA or holding a
 wrong secret (never replicates, says why in its log), fuzzed credentials on ``Replicate`` (the
@@ -30,6 +31,7 @@ from broker.wire.tls import TlsOptions
 from connector.cli import main as cli_main
 from connector.client import Admin, Producer
 from connector.client.connection import BrokerConnection, open_channel
+from connector.client.routed import RoutedConnection
 from connector.history import History, check
 from tests.faults.brokers import broker_process
 from tests.faults.cluster_group import CLUSTER_BROKER
@@ -269,3 +271,41 @@ def test_fuzzed_auth_metadata_on_replicate_never_crashes_the_group(broker_group,
     with BrokerConnection(group.addresses, **secure.client("admin")) as conn:
         log = check(history.sends, stored_deliveries(conn, TOPIC))
     assert log.ok and log.acked == sent, str(log)
+
+
+def test_a_topic_over_two_secure_groups_survives_a_master_kill(broker_cluster, secure, fault_report):
+    groups = broker_cluster(2, 2, tls=secure.client_tls, credentials=creds("admin"), **secure.settings)
+    bootstrap = ",".join(g.addresses for g in groups)
+    with Admin(bootstrap, **secure.client("admin")) as admin:
+        admin.create_topic(TOPIC, QUEUES)
+    history = History()
+    consumers = start_orderly_group(bootstrap, TOPIC, GROUP, 2, history, **secure.client("app"))
+    producers = [KeyedProducer(bootstrap, TOPIC, [f"p{p}-k{k}" for k in range(PROFILE.keys_per_producer)], history,
+                               rate=PROFILE.send_rate, **secure.client("app")) for p in range(PROFILE.producers)]
+    try:
+        for producer in producers:
+            producer.start()
+        time.sleep(PROFILE.cycle_seconds * 2)
+        killed = groups[1].wait_for_master()
+        killed.kill9()
+        groups[1].wait_for_master(exclude=killed)
+        killed.start()
+        time.sleep(PROFILE.cycle_seconds * 2)
+        for producer in producers:
+            producer.stop.set()
+        for producer in producers:
+            producer.join()
+        caught_up = wait_until(history.delivered_all_acked, timeout=120)
+    finally:
+        for producer in producers:
+            producer.stop.set()
+        shutdown_all(consumers)
+    with Admin(bootstrap, **secure.client("admin")) as admin:
+        holders = {group.broker_name for group in admin.describe_topic(TOPIC).groups if group.queue_ids}
+    with RoutedConnection(bootstrap, **secure.client("admin")) as conn:
+        log = check(history.sends, stored_deliveries(conn, TOPIC))
+    consumed = history.check()
+    fault_report("cluster: a topic over two TLS + ACL groups, one master killed", {"log": log, "consumed": consumed})
+    assert len(holders) == 2, holders
+    assert log.ok and log.acked > 0, str(log)
+    assert caught_up and consumed.lost == 0 and consumed.out_of_order == 0, str(consumed)
