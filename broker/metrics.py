@@ -97,11 +97,17 @@ class BrokerMetrics:
         )
         self.registry.register(_StateCollector(state))
         self._http = None
+        self._stored: dict[tuple[str, int], tuple[Counter, Counter]] = {}
+        self._durations: dict[str, Histogram] = {}
 
     def stored(self, topic: str, queue_id: int, messages: int, nbytes: int) -> None:
-        labels = (topic, str(queue_id))
-        self.messages_in.labels(*labels).inc(messages)
-        self.bytes_in.labels(*labels).inc(nbytes)
+        # The labelled counters of a queue, looked up once: a synchronous send pays this per message.
+        counters = self._stored.get((topic, queue_id))
+        if counters is None:
+            labels = (topic, str(queue_id))
+            counters = self._stored[(topic, queue_id)] = (self.messages_in.labels(*labels), self.bytes_in.labels(*labels))
+        counters[0].inc(messages)
+        counters[1].inc(nbytes)
 
     def served(self, topic: str, queue_id: int, messages: int, nbytes: int) -> None:
         if messages:
@@ -111,7 +117,10 @@ class BrokerMetrics:
 
     def rpc_done(self, method: str, started: float, code: str | None = None) -> None:
         """Record one RPC that began at ``started`` (``time.perf_counter()``); ``code`` when it failed."""
-        self.rpc_duration.labels(method).observe(time.perf_counter() - started)
+        histogram = self._durations.get(method)
+        if histogram is None:
+            histogram = self._durations[method] = self.rpc_duration.labels(method)
+        histogram.observe(time.perf_counter() - started)
         if code is not None:
             self.rpc_errors.labels(method, code).inc()
 

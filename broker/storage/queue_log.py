@@ -12,6 +12,7 @@ once fully written, so no reader sees part of it and the next append takes the s
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 import time
@@ -278,8 +279,8 @@ class QueueLog:
     def _deleted(self) -> TopicNotFoundError:
         return TopicNotFoundError(f"queue {self._name} was deleted with its topic; create the topic again to use it")
 
-    @property
-    def _name(self) -> str:
+    @functools.cached_property
+    def _name(self) -> str:  # in every append's error text: a path's parts cost more than the write
         return f"{self.directory.parent.name}/{self.directory.name}"
 
     def _roll(self) -> Segment:

@@ -265,6 +265,11 @@ def message_batch(payload: bytes) -> tuple[bytes, int]:
         For any payload that is not such a batch, whatever part of it is malformed (framing,
         offsets, UTF-8 in names or values, out-of-range timestamps) or over a size limit.
     """
+    if isinstance(payload, bytes):
+        row = one_message.decode_one(payload)
+        if row is not None:  # one message as producers encode it: checked without Arrow
+            _check_message_limits(row)
+            return payload, 1
     try:
         return _message_batch(payload)
     except BadBatchError:
@@ -305,20 +310,38 @@ def _check_limits(table: pa.Table) -> None:
     batch's whole check, and a synchronous send checks a batch of one.
     """
     born = [_int64_values(chunk) for chunk in table.column("born_timestamp").chunks if len(chunk)]
-    low = min(int(values.min()) for values in born)
-    high = max(int(values.max()) for values in born)
-    if low < MIN_BORN_MS or high > MAX_BORN_MS:
-        raise BadBatchError(f"column 'born_timestamp' holds {low if low < MIN_BORN_MS else high}, not a time in "
-                            f"years 1 to 9999 (ms since the Unix epoch, {MIN_BORN_MS} to {MAX_BORN_MS})")
+    _check_born(min(int(values.min()) for values in born), max(int(values.max()) for values in born))
     properties = table.column("properties").chunks
     for what, limit, values in (
         ("tag", MAX_TAG_BYTES, table.column("tag").chunks),
         ("property key", MAX_PROPERTY_KEY_BYTES, [chunk.keys for chunk in properties]),
         ("property value", MAX_PROPERTY_VALUE_BYTES, [chunk.items for chunk in properties]),
     ):
-        longest = max((_longest_value(chunk) for chunk in values if len(chunk)), default=0)
-        if longest > limit:
-            raise BadBatchError(f"a {what} in the batch is {longest} bytes long; the limit is {limit} bytes (UTF-8)")
+        _check_length(what, max((_longest_value(chunk) for chunk in values if len(chunk)), default=0), limit)
+
+
+def _check_message_limits(row: Mapping[str, Any]) -> None:
+    """``_check_limits`` of one message dict (``one_message.decode_one``'s)."""
+    born = row["born_timestamp"]
+    _check_born(born, born)
+    properties = row["properties"] or {}
+    for what, limit, values in (
+        ("tag", MAX_TAG_BYTES, [row["tag"] or ""]),
+        ("property key", MAX_PROPERTY_KEY_BYTES, properties.keys()),
+        ("property value", MAX_PROPERTY_VALUE_BYTES, properties.values()),
+    ):
+        _check_length(what, max((len(v.encode("utf-8")) for v in values), default=0), limit)
+
+
+def _check_born(low: int, high: int) -> None:
+    if low < MIN_BORN_MS or high > MAX_BORN_MS:
+        raise BadBatchError(f"column 'born_timestamp' holds {low if low < MIN_BORN_MS else high}, not a time in "
+                            f"years 1 to 9999 (ms since the Unix epoch, {MIN_BORN_MS} to {MAX_BORN_MS})")
+
+
+def _check_length(what: str, longest: int, limit: int) -> None:
+    if longest > limit:
+        raise BadBatchError(f"a {what} in the batch is {longest} bytes long; the limit is {limit} bytes (UTF-8)")
 
 
 def _int64_values(chunk: pa.Array) -> np.ndarray:
@@ -386,3 +409,6 @@ def _int64_array(values: np.ndarray, typ: pa.DataType) -> pa.Array:
     # Wraps the numpy buffer as is: pa.array(ndarray) would also import pandas on first use,
     # a quarter-second stall on a broker's first pull.
     return pa.Array.from_buffers(typ, len(values), [None, pa.py_buffer(values)])
+
+
+from broker.wire import one_message  # noqa: E402 - a cycle: it builds its template with this module

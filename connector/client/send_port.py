@@ -40,6 +40,7 @@ class _Link:
 
     def __init__(self, host: str, port: int, timeout: float) -> None:
         self.sock = socket.create_connection((host, port), timeout=timeout)
+        self.timeout = timeout
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock.sendall(hello())
         version = parse_hello(bytes(self._read(HELLO_SIZE)[:HELLO_SIZE]))
@@ -58,7 +59,9 @@ class _Link:
         return data
 
     def round_trip(self, payload: bytes, timeout: float) -> bytes:
-        self.sock.settimeout(timeout)
+        if timeout < self.timeout or timeout > self.timeout + 1.0:  # a little early is fine, late is not
+            self.sock.settimeout(timeout)
+            self.timeout = timeout
         self.sock.sendall(LENGTH.pack(len(payload)) + payload)
         data = self._read(LENGTH.size)
         end = LENGTH.size + LENGTH.unpack_from(data)[0]

@@ -281,7 +281,10 @@ class PipelinedSender:
             partition.in_flight -= 1
             partition.direct = False
             self._outstanding -= 1
-            self._cond.notify_all()
+            # Wake the threads only when one waits for this (sends held back behind it, a flush):
+            # a wake-up per message would make them trade the GIL with the caller for nothing.
+            if partition.pending or self._flushing:
+                self._cond.notify_all()
 
     def _hand_over(self, topic: str, queue_id: int, sequence: int, row: dict, request: pb.SendRequest,
                    deadline: float, written: bool) -> Future:

@@ -7,7 +7,7 @@ import pytest
 
 from broker.wire import codec
 from broker.wire.errors import BadBatchError
-from broker.wire.one_message import encode_one
+from broker.wire.one_message import decode_one, encode_one
 
 ROWS = [
     {"key": "key-1", "body": b"x" * 100, "tag": None, "properties": None, "born_timestamp": 5},
@@ -50,3 +50,19 @@ def test_a_message_without_born_timestamp_is_stamped_now():
 def test_a_bad_message_is_a_bad_batch(row, message):
     with pytest.raises(BadBatchError, match=message):
         encode_one(row)
+
+
+def test_every_damaged_byte_is_refused_or_still_a_valid_message():
+    """``decode_one`` accepts only what re-encodes to the same bytes: a flipped byte anywhere either
+    takes the general path (which stores or refuses it) or still reads as a valid message."""
+    payload = encode_one({"key": "k", "tag": "t", "body": b"body", "properties": {"p": "v"}, "born_timestamp": 7})
+    for at in range(len(payload)):
+        damaged = payload[:at] + bytes([payload[at] ^ 0x5A]) + payload[at + 1:]
+        row = decode_one(damaged)
+        if row is not None:
+            assert encode_one(row) == damaged
+        try:
+            stored, count = codec.message_batch(damaged)
+        except BadBatchError:
+            continue
+        assert count == 1 and len(codec.decode(stored)) == 1
