@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
+from pathlib import Path
 
 import pytest
 
@@ -23,6 +25,13 @@ from tests.faults.workload import body, stored_deliveries
 def _port_sends(broker) -> float:
     return broker.service.metrics.registry.get_sample_value(
         "orderlymq_rpc_duration_seconds_count", {"method": "SendPort"}) or 0
+
+
+def _freeze(pid: int) -> None:
+    """SIGSTOP, and wait until the process is stopped: a send is quick enough to beat the signal."""
+    os.kill(pid, signal.SIGSTOP)
+    while Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "T":
+        time.sleep(0.001)
 
 
 def _verdict(address: str, topic: str, history: History):
@@ -102,7 +111,7 @@ def test_a_sync_send_cut_off_by_a_freeze_is_unknown_then_settled_once(tmp_path, 
         with Producer(proc.address, retry_timeout=2.0) as producer:
             producer.send(topic_name, body("k", 0), key="k")
             history.sent("k", 0, acked=True)
-            os.kill(proc.pid, signal.SIGSTOP)
+            _freeze(proc.pid)
             try:
                 with pytest.raises(SendOutcomeUnknownError) as unknown:
                     producer.send(topic_name, body("k", 1), key="k")
