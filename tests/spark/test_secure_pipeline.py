@@ -4,6 +4,12 @@ that never shows it."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from broker.security.acl import Rule
@@ -11,7 +17,15 @@ from connector.client.connection import BrokerConnection, Credentials, TlsOption
 from connector.spark.transactions import SINK_LOG_TOPIC
 from tests.security.conftest import AclFile
 from tests.security.pki import CertificateAuthority
-from tests.spark.helpers import assert_delivered, create_topic, keyed_events, produce, topic_delivered, topic_events
+from tests.spark.helpers import (
+    assert_delivered,
+    create_topic,
+    keyed_events,
+    produce,
+    row_events,
+    topic_delivered,
+    topic_events,
+)
 
 PIPELINE_SECRET = "pipeline-secret-0042"
 USERS = {"admin": "admin-secret-0001", "pipeline": PIPELINE_SECRET}
@@ -75,3 +89,22 @@ def test_a_wrong_secret_fails_the_read_without_showing_it(ospark, secure):
         df.collect()
     assert "wrong secret key for access key 'pipeline'" in str(err.value)
     assert "not-the-pipeline-secret" not in str(err.value)
+
+
+def test_credentials_from_spark_conf_alone(secure):
+    """``spark.executorEnv.ORDERLYMQ_*`` reaches every Python worker, the one planning the query
+    included: a batch read with no auth option, in a process with no credentials of its own."""
+    broker, ca, conn = secure
+    create_topic(conn, "in-conf", 2)
+    events = keyed_events(4, 5)
+    produce(conn, "in-conf", 2, events)
+    environment = {name: value for name, value in os.environ.items() if not name.startswith("ORDERLYMQ_")}
+    environment |= {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    job = Path(__file__).parent / "jobs" / "read_with_conf_credentials.py"
+    result = subprocess.run([sys.executable, str(job), broker.address, "in-conf", ca.ca_file, "pipeline"],
+                            input=PIPELINE_SECRET + "\n", env=environment, capture_output=True, text=True,
+                            timeout=300, cwd=Path(__file__).parents[2])
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert PIPELINE_SECRET not in result.stdout + result.stderr
+    rows = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert_delivered(events, row_events(rows))
