@@ -10,7 +10,9 @@ topic's route says:
   master by itself (``NotMasterError``);
 - ``LockBatch`` / ``UnlockBatch`` split by group, answers merged; ``QueryLocks`` asks every group
   of the topic; ``Heartbeat`` and ``LeaveGroup`` go to every group of the consumer's topics and
-  ``ListConsumers`` answers the members any of them knows;
+  ``ListConsumers`` answers the members any of them knows. A group that does not answer such a
+  split call within a few seconds (its master failing over) is left out of that round, so it
+  does not hold up the others' lock renewals and heartbeats;
 - topic administration, ``Health`` and the console views to the bootstrap broker (any answers).
 
 A group that answers ``WrongGroupError`` (the route is stale: the topic was deleted and created
@@ -19,7 +21,9 @@ again) or ``TopicNotFoundError`` makes the route be read again and the call be s
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from typing import Any
 
 from broker.wire.errors import BrokerUnavailableError, TopicNotFoundError, WrongGroupError
@@ -28,8 +32,12 @@ from connector.client.routes import RouteCache, TopicRoute
 
 __all__ = ["RoutedConnection"]
 
+log = logging.getLogger(__name__)
+
 _PER_QUEUE = frozenset({"Send", "Pull", "QueryOffsets", "CommitOffset", "GetOffset"})
 _SPLIT = {"LockBatch": "locked", "UnlockBatch": "unlocked"}  # split by group, this answer field merged
+_ANSWER_TYPES = {"LockBatch": pb.LockBatchResponse, "UnlockBatch": pb.UnlockBatchResponse}
+_GROUP_WAIT_S = 3.0  # how long a call split over several groups waits for one of them
 
 
 class RoutedConnection:
@@ -157,22 +165,43 @@ class RoutedConnection:
             return self.for_group(route.group_of(request.queue_id)).call(method, request, **kwargs)
         if method in _SPLIT:
             field = _SPLIT[method]
-            answers = []
+            parts = []
             for group, queue_ids in route.queues_by_group(request.queue_ids).items():
                 part = type(request)()
                 part.CopyFrom(request)
                 del part.queue_ids[:]
                 part.queue_ids.extend(queue_ids)
-                answers.append(self.for_group(group).call(method, part, **kwargs))
-            merged = type(answers[0])() if answers else None
-            for answer in answers:
+                parts.append((group, part))
+            merged = _ANSWER_TYPES[method]()
+            for answer in self._each_group(method, parts, kwargs):
                 getattr(merged, field).extend(getattr(answer, field))
-            return merged if merged is not None else self.bootstrap.call(method, request, **kwargs)
+            return merged
         # QueryLocks: every group of the topic
         merged = pb.QueryLocksResponse()
         for group in route.groups:
             merged.locks.extend(self.for_group(group).call(method, request, **kwargs).locks)
         return merged
+
+    def _each_group(self, method: str, parts: list[tuple[str, Any]], kwargs: dict) -> list[Any]:
+        """The answers of each group to its request. With several groups, one that does not answer
+        within ``_GROUP_WAIT_S`` (its master failing over) is left out: its queues are not locked
+        this round, it misses this heartbeat; the others are served meanwhile. Raises only when
+        no group answered."""
+        if len(parts) == 1:
+            group, part = parts[0]
+            return [self.for_group(group).call(method, part, **kwargs)]
+        answers, failure = [], None
+        for group, part in parts:
+            wait = time.monotonic() + _GROUP_WAIT_S
+            deadline = wait if kwargs["deadline"] is None else min(wait, kwargs["deadline"])
+            try:
+                answers.append(self.for_group(group).call(method, part, **(kwargs | {"deadline": deadline})))
+            except BrokerUnavailableError as exc:
+                log.info("%s to broker group %s left out this round: %s", method, group, exc)
+                failure = exc
+        if not answers and failure is not None:
+            raise failure
+        return answers
 
     def _membership(self, method: str, request: Any, kwargs: dict) -> Any:
         """Consumers register with every group of their topics; the members are those any of them knows."""
@@ -190,7 +219,7 @@ class RoutedConnection:
         groups = sorted(holders)
         if not groups or not all(groups):
             return self.bootstrap.call(method, request, **kwargs)
-        answers = [self.for_group(g).call(method, request, **kwargs) for g in groups]
+        answers = self._each_group(method, [(g, request) for g in groups], kwargs)
         if method != "ListConsumers":
             return answers[0]
         members = sorted({c for answer in answers for c in answer.client_ids})
