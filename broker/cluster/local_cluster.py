@@ -37,21 +37,28 @@ def _toml_value(value) -> str:
 
 
 class LocalCluster:
-    """ZooKeeper and ``groups`` x ``size`` broker processes under ``directory``."""
+    """ZooKeeper and ``groups`` x ``size`` broker processes under ``directory``.
+
+    ``base_port`` 0 picks free ports; ``zookeeper`` shares a running server (then left running by
+    ``down``); ``settings`` override the brokers' (``BrokerConfig`` names, e.g. ``cluster_name``).
+    """
 
     def __init__(self, directory: Path, *, groups: int = 3, size: int = 2, base_port: int = 10910,
-                 zookeeper_port: int = 2181) -> None:
+                 zookeeper_port: int = 2181, zookeeper: ZooKeeperServer | None = None,
+                 settings: dict | None = None) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
-        self.zookeeper = ZooKeeperServer(self.directory / "zookeeper", zookeeper_port)
+        self.owns_zookeeper = zookeeper is None
+        self.zookeeper = zookeeper or ZooKeeperServer(self.directory / "zookeeper", zookeeper_port)
+        self.settings = _SETTINGS | (settings or {})
         self.groups: dict[str, list[BrokerProcess]] = {}
         for k in range(groups):
             name = f"broker-{chr(ord('a') + k)}"
-            self.groups[name] = [self._broker(name, i, base_port + 10 * k + i) for i in range(size)]
+            self.groups[name] = [self._broker(name, i, base_port and base_port + 10 * k + i) for i in range(size)]
 
     def _broker(self, group: str, broker_id: int, port: int) -> BrokerProcess:
-        settings = _SETTINGS | {"zookeeper": self.zookeeper.connect_string, "broker_name": group,
-                                "broker_id": broker_id, "metrics_port": -1}
+        settings = self.settings | {"zookeeper": self.zookeeper.connect_string, "broker_name": group,
+                                    "broker_id": broker_id, "metrics_port": -1}
         config = self.directory / f"{group}-{broker_id}.toml"
         config.write_text("[broker]\n" + "".join(f"{k} = {_toml_value(v)}\n" for k, v in sorted(settings.items())))
         return BrokerProcess(self.directory / f"{group}-{broker_id}", "--config", str(config), port=port)
@@ -66,7 +73,8 @@ class LocalCluster:
         return ",".join(members[0].address for members in self.groups.values())
 
     def up(self) -> LocalCluster:
-        self.zookeeper.start()
+        if self.owns_zookeeper:
+            self.zookeeper.start()
         for broker in self.brokers:
             broker.start()
         for name in self.groups:
@@ -87,10 +95,21 @@ class LocalCluster:
             time.sleep(0.1)
         raise TimeoutError(f"group {group} elected no master within {timeout:.0f}s; see the logs in {self.directory}")
 
+    def __enter__(self) -> LocalCluster:
+        try:
+            return self.up()
+        except BaseException:
+            self.down()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        self.down()
+
     def down(self) -> None:
         for broker in self.brokers:
             broker.stop(timeout=15)
-        self.zookeeper.stop()
+        if self.owns_zookeeper:
+            self.zookeeper.stop()
 
 
 def _parser() -> argparse.ArgumentParser:
