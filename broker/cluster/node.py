@@ -208,6 +208,7 @@ class ClusterNode:
                 self._promote(won)
         elif state is not None and state.master == holder and holder != self.broker_id:
             self._follow(state)
+            self.topics.note()
 
     def _check_term(self, state: GroupState | None, holder: int | None) -> None:
         if state is None or holder != self.broker_id or state.master != self.broker_id or state.epoch != self.epoch:

@@ -5,8 +5,9 @@ A group keeps every topic of the cluster it holds queues of with the topic's ful
 (a queue of another group is an empty directory: no file is created before a first append), so
 replication, epochs and recovery stay per queue id as on a single broker; only the queues the
 route gives this group are served. ``cluster-topics.json`` remembers which incarnation (the
-route's ``id``) each local topic is, so a topic deleted and created again under the same name
-starts empty.
+route's ``id``) each local topic is (slaves note it too), so a topic deleted and created again
+under the same name starts empty, and a topic the broker held before it joined a cluster (a single
+broker turned into a group) is registered as its group's rather than taken for a deleted one.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class TopicKeeper:
         self.layouts: dict[str, TopicLayout] = {}  # what this broker serves by, as master
         self._seen_version = -1
         self._marked: dict[str, TopicLayout] = {}  # marked ready in ZooKeeper by this broker as master
+        self._noted: tuple[int, set[str]] | None = None  # (ZooKeeper's topic version, local topics) noted as slave
         self._lock = threading.Lock()
 
     def check_holds(self, topic: str, queue_id: int) -> None:
@@ -56,14 +58,42 @@ class TopicKeeper:
             self._marked.clear()
         layouts = self.registry.layouts()
         with self._lock:
-            for topic in set(self.service.store.topics()) - set(layouts):
-                self._drop(topic)
+            local = self.service.store.topics()
+            for topic in local.keys() - layouts.keys():
+                if topic in self._incarnations:
+                    self._drop(topic)  # deleted from the cluster
+                else:
+                    layouts[topic] = self._adopt(topic, local[topic])
             for topic, layout in layouts.items():
                 if self.group in layout.groups:
                     self._hold(topic, layout)
+                elif topic in local:
+                    self._drop(topic)  # the cluster's topic of that name is another one now
             self.layouts = layouts
             write_json_atomic(self._path, self._incarnations)
         self._seen_version = version
+
+    def note(self) -> None:
+        """As slave: remember which incarnation of each topic the copied topic table holds, so that,
+        promoted, this broker tells a topic deleted from the cluster from one it held before joining."""
+        version, local = self.registry.version(), self.service.store.topics()
+        if (version, set(local)) == self._noted:
+            return
+        layouts = self.registry.layouts()
+        with self._lock:
+            noted = {t: layouts[t].id for t, n in local.items() if t in layouts and n <= layouts[t].queue_count}
+            if any(self._incarnations.get(t) != i for t, i in noted.items()):
+                self._incarnations.update(noted)
+                write_json_atomic(self._path, self._incarnations)
+        self._noted = (version, set(local))
+
+    def _adopt(self, topic: str, count: int) -> TopicLayout:
+        """A topic this broker held before it joined the cluster (a single broker turned into a
+        group): registered with every queue in this group, its messages kept."""
+        layout = self.registry.adopt(topic, count, self.group)
+        log.warning("topic %s (%d queues) was held here before this broker joined the cluster: registered in "
+                    "ZooKeeper as broker group %s's", topic, count, self.group)
+        return layout
 
     def _drop(self, topic: str) -> None:
         service = self.service

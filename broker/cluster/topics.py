@@ -186,6 +186,17 @@ class TopicRegistry:
                                    "queues")
         return existing
 
+    def adopt(self, topic: str, count: int, group: str) -> TopicLayout:
+        """Register a topic a group already holds, every queue in it (the existing route if another
+        broker registered the name first)."""
+        layout = TopicLayout(uuid.uuid4().hex, (group,) * count)
+        try:
+            self.client.create(f"{self.root}/{topic}", layout.encoded())
+        except NodeExistsError:
+            return self.layout(topic) or layout
+        self._touch()
+        return layout
+
     def grow(self, topic: str, count: int) -> TopicLayout:
         _check_count(count)
         while True:

@@ -211,3 +211,34 @@ def _gone(conn: BrokerConnection, queue_id: int) -> bool:
     except TopicNotFoundError:
         return True
     return False
+
+
+def test_a_single_broker_joins_a_cluster_with_its_topics(tmp_path, zookeeper):
+    """A broker's topics from before it joined a cluster are registered as its group's, messages kept."""
+    from tests.faults.brokers import broker_process
+    from tests.faults.cluster_group import CLUSTER_BROKER
+
+    data = tmp_path / "broker"
+    history = History()
+    with broker_process(data) as single, Admin(single.address) as admin, Producer(single.address) as producer:
+        admin.create_topic("legacy", 2)
+        for i in range(20):
+            producer.send("legacy", body(f"k{i % 5}", i // 5), key=f"k{i % 5}")
+            history.sent(f"k{i % 5}", i // 5, acked=True)
+    joined = broker_process(data, zookeeper=zookeeper.connect_string, broker_name="broker-a", broker_id=0,
+                            **(CLUSTER_BROKER | {"min_sync_replicas": 1})).start()
+    try:
+        route = wait_until(lambda: _route_or_none(joined.address, "legacy"), timeout=30)
+        assert _spread(route) == {"broker-a": [0, 1]}
+        with RoutedConnection(joined.address) as conn:
+            log = check(history.sends, stored_deliveries(conn, "legacy"))
+        assert log.ok and log.lost == 0, str(log)
+    finally:
+        joined.kill9()
+
+
+def _route_or_none(address: str, topic: str) -> pb.TopicRoute | None:
+    try:
+        return _describe(address, topic)
+    except grpc.RpcError:
+        return None
