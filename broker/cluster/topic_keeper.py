@@ -26,6 +26,9 @@ log = logging.getLogger(__name__)
 
 
 class TopicKeeper:
+    """One broker's local part of the cluster's topics: ``keep`` as master, ``note`` as slave,
+    ``check_holds`` for every request on a queue."""
+
     def __init__(self, service: BrokerService, registry: TopicRegistry, group: str) -> None:
         self.service = service
         self.registry = registry
