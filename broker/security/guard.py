@@ -21,7 +21,7 @@ from typing import Any
 from broker.security.acl import ACTIONS, AclDocument, load_acl
 from broker.security.hashing import verify_secret
 from broker.security.rights import ANY_PUBLISH, DESCRIBE, required_rights
-from broker.security.throttle import FailureThrottle
+from broker.security.throttle import UNKNOWN_KEYS, FailureThrottle
 from broker.security.watch import FileWatch
 from broker.wire.credentials import ACCESS_KEY_HEADER, SECRET_KEY_HEADER
 from broker.wire.errors import InvalidOptionError, PermissionDeniedError, UnauthenticatedError
@@ -114,7 +114,7 @@ class AccessGuard:
             raise UnauthenticatedError(_NO_CREDENTIALS if not key else f"access key {_shown(key)} came without "
                                        f"its secret key (metadata {SECRET_KEY_HEADER})")
         if key not in acl.users:
-            raise UnauthenticatedError(f"unknown access key {_shown(key)}: no such user in the broker's ACL file")
+            self._unknown_key(key, host)
         user = self._verified.get(self._digest(key, secret))
         if user is None:
             pause = self._throttle.pause_left(host, key)
@@ -123,6 +123,16 @@ class AccessGuard:
                                            f"{host or 'here'} lately: its secret is not checked for another "
                                            f"{pause:.1f}s")
         return user
+
+    def _unknown_key(self, key: str, host: str) -> None:
+        """Refuse an access key that is not in the file; guessing names from one host is paused
+        as guessing secrets is (the errors tell an unknown key from a wrong secret)."""
+        pause = self._throttle.pause_left(host, UNKNOWN_KEYS)
+        if pause > 0:
+            raise UnauthenticatedError(f"too many unknown access keys from {host or 'here'} lately: access keys are "
+                                       f"not checked for another {pause:.1f}s")
+        self._throttle.failed(host, UNKNOWN_KEYS)
+        raise UnauthenticatedError(f"unknown access key {_shown(key)}: no such user in the broker's ACL file")
 
     def authenticate(self, metadata: Iterable[Any], host: str = "") -> str:
         """The user named by the call's credentials; ``UnauthenticatedError`` saying what is wrong.

@@ -3,7 +3,8 @@
 Counted per (caller's host, access key): after ``FREE_FAILURES`` wrong secrets in a row, that
 key's secrets from that host are refused unchecked (no scrypt) for a pause that doubles with
 each further failure, from ``FIRST_PAUSE_S`` up to ``MAX_PAUSE_S``; a right secret clears the
-count. Credentials already verified are recognised without a check, so clients that connected
+count. Access keys not in the ACL file count together per host (``UNKNOWN_KEYS``), so names
+cannot be guessed at RPC speed either. Credentials already verified are recognised without a check, so clients that connected
 before a guessing run keep working, and other hosts and keys are not slowed down. Attempts that
 arrive together before the first failures are counted are each checked (at most the broker's
 worker threads at once).
@@ -17,11 +18,13 @@ import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["FIRST_PAUSE_S", "FREE_FAILURES", "MAX_PAUSE_S", "FailureThrottle", "peer_host"]
+__all__ = ["FIRST_PAUSE_S", "FREE_FAILURES", "MAX_PAUSE_S", "UNKNOWN_KEYS", "FailureThrottle", "peer_host"]
 
 FREE_FAILURES = 5
 FIRST_PAUSE_S = 1.0
 MAX_PAUSE_S = 60.0
+#: The count of a host's access keys that are not in the ACL file (not a valid access key itself).
+UNKNOWN_KEYS = " unknown"
 _FORGET_AFTER_S = 15 * 60.0  # a count untouched this long starts over
 _MEMORY_LIMIT = 10_000  # (host, key) pairs remembered; the oldest are forgotten beyond it
 

@@ -69,6 +69,21 @@ def test_wrong_secrets_pause_the_key_from_that_host_for_doubling_times(guard):
     assert "wrong secret key" in _wrong(guard)
 
 
+def test_unknown_access_keys_from_a_host_are_paused_together(guard):
+    guard, clock = guard
+    for n in range(FREE_FAILURES):
+        with pytest.raises(UnauthenticatedError, match=f"unknown access key 'guess-{n}'"):
+            guard.authenticate(Credentials(f"guess-{n}", "x").metadata(), ATTACKER)
+    with pytest.raises(UnauthenticatedError, match=f"too many unknown access keys from {ATTACKER} lately"):
+        guard.authenticate(Credentials("another-guess", "x").metadata(), ATTACKER)
+    assert guard.authenticate(Credentials("alice", "alice-secret").metadata(), ATTACKER) == "alice"  # known keys pass
+    with pytest.raises(UnauthenticatedError, match="unknown access key 'another-guess'"):
+        guard.authenticate(Credentials("another-guess", "x").metadata(), OTHER)  # other hosts are not paused
+    clock.now += FIRST_PAUSE_S
+    with pytest.raises(UnauthenticatedError, match="unknown access key 'another-guess'"):
+        guard.authenticate(Credentials("another-guess", "x").metadata(), ATTACKER)
+
+
 @pytest.mark.parametrize(("peer", "host"), [("ipv4:127.0.0.1:53211", "127.0.0.1"), ("ipv6:%5B::1%5D:40000", "[::1]"),
                                             ("unix:/tmp/sock", "unix:/tmp/sock")])
 def test_peer_host_drops_the_port(peer, host):
