@@ -18,13 +18,23 @@ from broker.proto import orderlymq_pb2 as pb
 from broker.proto import orderlymq_pb2_grpc as pb_grpc
 from broker.wire.errors import TopicNotFoundError, WrongGroupError
 from connector.cli import main
-from connector.client import Admin, Producer
+from connector.client import Admin, ConcurrentConsumer, ConsumeConcurrentlyStatus, Producer, PullConsumer
 from connector.client.connection import BrokerConnection
 from connector.client.routed import RoutedConnection
 from connector.client.routes import TopicRoute
-from connector.history import History, check
+from connector.history import Delivery, History, check
+from tests.faults.brokers import broker_process
+from tests.faults.cluster_group import CLUSTER_BROKER
 from tests.faults.fault_profile import PROFILE
-from tests.faults.workload import KeyedProducer, body, shutdown_all, start_orderly_group, stored_deliveries
+from tests.faults.workload import (
+    FAST_CONSUMER,
+    KeyedProducer,
+    body,
+    parse_body,
+    shutdown_all,
+    start_orderly_group,
+    stored_deliveries,
+)
 from tests.support import wait_until
 
 TOPIC, GROUP, QUEUES = "orders", "order-service", 6
@@ -215,9 +225,6 @@ def _gone(conn: BrokerConnection, queue_id: int) -> bool:
 
 def test_a_single_broker_joins_a_cluster_with_its_topics(tmp_path, zookeeper):
     """A broker's topics from before it joined a cluster are registered as its group's, messages kept."""
-    from tests.faults.brokers import broker_process
-    from tests.faults.cluster_group import CLUSTER_BROKER
-
     data = tmp_path / "broker"
     history = History()
     with broker_process(data) as single, Admin(single.address) as admin, Producer(single.address) as producer:
@@ -242,3 +249,57 @@ def _route_or_none(address: str, topic: str) -> pb.TopicRoute | None:
         return _describe(address, topic)
     except grpc.RpcError:
         return None
+
+
+def test_pull_and_concurrent_consumers_across_groups(broker_cluster):
+    """Three groups of one broker: a pull consumer (locks, commits) and a concurrent consumer
+    group (a retry topic of its own, placed by the cluster) read every group."""
+    groups = broker_cluster(3, 1, min_sync_replicas=1)
+    bootstrap = groups[2].addresses
+    history = History()
+    with Admin(bootstrap) as admin, Producer(bootstrap) as producer:
+        admin.create_topic(TOPIC, QUEUES)
+        for i in range(120):
+            key = f"k{i % 12}"
+            producer.send(TOPIC, body(key, i // 12), key=key)
+            history.sent(key, i // 12, acked=True)
+
+        with PullConsumer(bootstrap, group="puller") as puller:
+            puller.assign(TOPIC, start="earliest")
+            epochs = {q: puller.lock(TOPIC, q) for q in range(QUEUES)}  # each on its group's master
+            pulled = []
+            while batch := puller.poll(50):
+                pulled += [_delivery(m) for m in batch]
+            puller.commit()
+            holders = admin.lock_holders("puller", TOPIC)
+        assert check(history.sends, pulled).ok, str(check(history.sends, pulled))
+        assert sorted(h.queue_id for h in holders) == list(range(QUEUES)) and all(e > 0 for e in epochs.values())
+        assert all(p.lag == 0 for p in admin.consumer_progress("puller", TOPIC))
+
+        seen: set[tuple[str, int]] = set()
+        retried: set[tuple[str, int]] = set()
+
+        def listener(messages, context):
+            for m in messages:
+                ident = parse_body(m.body)
+                if ident[1] == 3 and ident not in retried:
+                    retried.add(ident)
+                    return ConsumeConcurrentlyStatus.RECONSUME_LATER  # through the group's retry topic
+                seen.add(ident)
+            return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+
+        consumer = ConcurrentConsumer(bootstrap, "concurrent", listener, client_id="c0", retry_delay_ms=50,
+                                      **{k: v for k, v in FAST_CONSUMER.items() if not k.startswith(("lock", "unlock",
+                                                                                                      "suspend"))})
+        consumer.subscribe(TOPIC)
+        consumer.start()
+        try:
+            assert wait_until(lambda: len(seen) == 120, timeout=60), f"{len(seen)} of 120 consumed"
+        finally:
+            consumer.shutdown()
+        assert seen == {(f"k{i % 12}", i // 12) for i in range(120)} and len(retried) == 12
+
+
+def _delivery(message) -> Delivery:
+    key, seq = parse_body(message.body)
+    return Delivery(key, seq, consumer="puller", queue_id=message.queue_id, offset=message.queue_offset)
