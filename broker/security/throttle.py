@@ -4,10 +4,10 @@ Counted per (caller's host, access key): after ``FREE_FAILURES`` wrong secrets i
 key's secrets from that host are refused unchecked (no scrypt) for a pause that doubles with
 each further failure, from ``FIRST_PAUSE_S`` up to ``MAX_PAUSE_S``; a right secret clears the
 count. Access keys not in the ACL file count together per host (``UNKNOWN_KEYS``), so names
-cannot be guessed at RPC speed either. Credentials already verified are recognised without a check, so clients that connected
-before a guessing run keep working, and other hosts and keys are not slowed down. Attempts that
-arrive together before the first failures are counted are each checked (at most the broker's
-worker threads at once).
+cannot be guessed at RPC speed either. Credentials already verified are recognised without a
+check, so clients that connected before a guessing run keep working, and other hosts and keys
+are not slowed down. Attempts that arrive together before the first failures are counted are
+each checked (at most the broker's worker threads at once).
 """
 
 from __future__ import annotations

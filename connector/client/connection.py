@@ -146,8 +146,13 @@ class BrokerConnection:
             attempt = timeout or self.timeout
             if deadline is not None:
                 attempt = max(min(attempt, deadline - time.monotonic()), 0.001)
+            stub = self.stub
             try:
-                return getattr(self.stub, method)(request, timeout=attempt, metadata=self.metadata)
+                return getattr(stub, method)(request, timeout=attempt, metadata=self.metadata)
+            except ValueError:
+                if stub is self._stub:
+                    raise
+                continue  # another thread moved this connection to another broker and closed the channel: never sent
             except grpc.RpcError as err:
                 error = from_rpc_error(err)
                 # A broker group's slave refused before doing anything: any call may go to the master.
