@@ -58,6 +58,10 @@ class BrokerConfig:
         Delete whole segments older than this / beyond this size per queue; 0 keeps forever / unlimited.
     retention_check_interval_ms : int
         How often retention runs.
+    compact_interval_ms : int
+        How often closed segments are looked at for small records to merge (one-message sends
+        store a record each; merged, they pull like a batch; ``broker.storage.compaction``). 0
+        never merges; a broker group never merges (its slaves copy records as they are).
     lock_lease_ms : int
         A queue lock expires this long after its last renewal.
     consumer_timeout_ms : int
@@ -139,6 +143,7 @@ class BrokerConfig:
     retention_ms: int = 7 * 24 * 3600 * 1000
     retention_bytes: int = 0
     retention_check_interval_ms: int = 60_000
+    compact_interval_ms: int = 10_000
     lock_lease_ms: int = 60_000
     consumer_timeout_ms: int = 30_000
     txn_timeout_ms: int = 60_000
@@ -285,6 +290,7 @@ _INT_RANGES: dict[str, tuple[int, int | None, str]] = {
     "retention_ms": (0, None, "milliseconds, 0 keeps messages forever"),
     "retention_bytes": (0, None, "bytes per queue, 0 is unlimited"),
     "retention_check_interval_ms": (1, None, "milliseconds"),
+    "compact_interval_ms": (0, None, "milliseconds, 0 never merges small records"),
     "lock_lease_ms": (1, None, "milliseconds"),
     "consumer_timeout_ms": (1, None, "milliseconds"),
     "txn_timeout_ms": (1, None, "milliseconds"),

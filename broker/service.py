@@ -369,7 +369,26 @@ class BrokerService:
     # -- housekeeping --------------------------------------------------------------------------
 
     def housekeeping(self, stop: threading.Event) -> None:
-        """Flush (async mode), expire transactions and apply retention until ``stop`` is set."""
+        """Flush (async mode), expire transactions and apply retention until ``stop`` is set;
+        compaction runs on a thread of its own (a long rewrite must not delay the flushes)."""
+        compactor = None
+        # Not in a broker group: a slave far behind fetches from record boundaries merging removes.
+        if self.config.compact_interval_ms and not self.config.clustered:
+            compactor = threading.Thread(target=self._compaction, args=(stop,), name="orderlymq-compaction",
+                                         daemon=True)
+            compactor.start()
+        self._housekeeping(stop)
+        if compactor is not None:
+            compactor.join()
+
+    def _compaction(self, stop: threading.Event) -> None:
+        while not stop.wait(self.config.compact_interval_ms / 1000):
+            try:
+                self.store.compact()
+            except Exception:  # noqa: BLE001 - compaction must never stop
+                log.exception("compaction failed")
+
+    def _housekeeping(self, stop: threading.Event) -> None:
         interval = self.config.flush_interval_ms / 1000
         next_retention = 0.0
         elapsed = 0.0

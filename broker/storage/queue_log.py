@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import os
 import threading
 import time
 from collections import OrderedDict
@@ -24,8 +25,9 @@ from pathlib import Path
 import pyarrow as pa
 
 from broker.persist import disk_full_as_error, fsync_dir
+from broker.storage import compaction
 from broker.storage.arrivals import Arrivals
-from broker.storage.record import HEADER, frame, parse_header, producer_hash
+from broker.storage.record import HEADER, RecordHeader, frame, parse_header, producer_hash
 from broker.storage.segment import CutReport, Segment
 from broker.wire import codec
 from broker.wire.errors import DamagedRecordError, OffsetOutOfRangeError, TopicNotFoundError
@@ -36,7 +38,6 @@ log = logging.getLogger(__name__)
 
 _MAX_PRODUCERS = 10_000  # idempotence state kept per queue (least recently used dropped)
 _MAX_RESULTS_PER_PRODUCER = 64
-_SMALL_RECORD_ROWS = 256  # below this average a pull's records are combined into one batch
 
 
 @dataclass(frozen=True)
@@ -85,12 +86,15 @@ class QueueLog:
         self._producers: OrderedDict[int, OrderedDict[int, AppendResult]] = OrderedDict()
         self._retired: list[Segment] = []  # deleted segments whose fds close one retention pass later
         self._visible: int | None = None  # None: every stored message is visible (see hold_back)
+        self._examined: set[int] = set()  # base offsets of the segments compaction looked at
         directory.mkdir(parents=True, exist_ok=True)
         self.segments: list[Segment] = self._open_segments()
 
     # -- opening and recovery ------------------------------------------------------------------
 
     def _open_segments(self) -> list[Segment]:
+        for side in self.directory.glob("*.compact"):  # a compaction a crash interrupted: the log is intact
+            side.unlink()
         paths = sorted(self.directory.glob("*.log"))
         segments = [Segment(p, int(p.stem), self.index_interval_bytes) for p in paths]
         if not segments:
@@ -353,33 +357,34 @@ class QueueLog:
         """Up to ``max_messages`` messages from ``offset`` (at least one record's worth if any),
         with the store columns added."""
         try:
-            bodies, stamps, counts, first_base = self._read_records(offset, max_messages, max_bytes)
+            headers, bodies, counts = self._read_records(offset, max_messages, max_bytes)
         except OSError:
             if self._closed:  # the topic was deleted while this read ran
                 raise self._deleted() from None
             raise
         if not bodies:
             return ReadResult(codec.empty_stored_table(), offset)
-        messages = codec.decode_records(bodies).slice(offset - first_base, sum(counts))  # records may straddle
-        table = codec.with_store_columns(messages, offset, stamps, counts)
-        if table.num_rows < _SMALL_RECORD_ROWS * len(bodies):  # many small records: one batch, not one each
+        messages, stamps = codec.decode_stamped_records(bodies, [h.store_ts for h in headers],
+                                                        [h.count for h in headers])
+        skip, taken = offset - headers[0].base_offset, sum(counts)  # the first and last records may straddle
+        table = codec.with_offsets_and_stamps(messages.slice(skip, taken), offset, stamps[skip:skip + taken])
+        if table.num_rows < compaction.SMALL_RECORD_ROWS * len(bodies):  # many small records: one batch, not one each
             table = table.combine_chunks()
         return ReadResult(table, offset + table.num_rows)
 
     def _read_records(self, offset: int, max_messages: int,
-                      max_bytes: int) -> tuple[list[bytes], list[int], list[int], int]:
-        """The bodies of the records holding messages from ``offset`` on, their store timestamps,
-        how many of each record's messages are read (the first and last may be partial), and the
-        first record's base offset."""
+                      max_bytes: int) -> tuple[list[RecordHeader], list[bytes], list[int]]:
+        """The headers and bodies of the records holding messages from ``offset`` on, and how many
+        of each record's messages are read (the first and last may be partial)."""
         self.check_offset(offset)
         segments = list(self.segments)
         end = min(segments[-1].next_offset, self.visible_offset)
         start_index = max(i for i, s in enumerate(segments) if s.base_offset <= offset)
+        headers: list[RecordHeader] = []
         bodies: list[bytes] = []
-        stamps: list[int] = []
         counts: list[int] = []
         count = size = 0
-        position = first_base = offset
+        position = offset
         for seg in segments[start_index:]:
             if position < seg.base_offset:  # a hole left by recovery: stop before it, or name it
                 if count:
@@ -393,23 +398,65 @@ class QueueLog:
                     if header.base_offset >= end:
                         break
                     take = min(min(header.next_offset, end) - position, max_messages - count)
-                    if not bodies:
-                        first_base = header.base_offset
+                    headers.append(header)
                     bodies.append(body)
-                    stamps.append(header.store_ts)
                     counts.append(take)
                     count += take
                     size += len(body)
                     position += take
                     if count >= max_messages or size >= max_bytes:
-                        return bodies, stamps, counts, first_base
+                        return headers, bodies, counts
             except DamagedRecordError:
                 if count:  # serve what precedes the damage; the next pull names it
-                    return bodies, stamps, counts, first_base
+                    return headers, bodies, counts
                 raise
             if position >= end:
                 break
-        return bodies, stamps, counts, first_base
+        return headers, bodies, counts
+
+    # -- compaction ----------------------------------------------------------------------------
+
+    def compact(self) -> int:
+        """Merge the small records of closed segments (``broker.storage.compaction``); returns how
+        many segments were rewritten. The newest closed segment and the active one are left as
+        they are: recovery rebuilds the idempotent producers from their record headers."""
+        rewritten = 0
+        for seg in self.segments[:-2]:
+            if self._closed:
+                break
+            if seg.base_offset in self._examined:
+                continue
+            self._examined.add(seg.base_offset)
+            side = seg.path.with_suffix(".compact")
+            try:
+                if not compaction.looks_small(seg):
+                    continue
+                read, written = compaction.rewrite(seg, side)
+                if written * 2 > read or not self._swap(seg, side):
+                    side.unlink(missing_ok=True)
+                    continue
+            except (OSError, ValueError, DamagedRecordError) as exc:  # left as it is; reads work either way
+                side.unlink(missing_ok=True)
+                log.warning("could not compact %s: %s", seg.path, exc)
+                continue
+            log.info("compacted %s: %d records into %d", seg.path, read, written)
+            rewritten += 1
+        return rewritten
+
+    def _swap(self, old: Segment, side: Path) -> bool:
+        """Put the rewritten file in place of ``old``, unless retention or a delete took it meanwhile."""
+        with self._lock:
+            if self._closed or old not in self.segments:
+                return False
+            old.index_path.unlink(missing_ok=True)  # describes the old file: a crash now rescans
+            os.replace(side, old.path)
+            fsync_dir(self.directory)
+            new = Segment(old.path, old.base_offset, self.index_interval_bytes)
+            new.recover(verify_crc=False)
+            new.write_index()
+            self.segments[self.segments.index(old)] = new
+            self._retired.append(old)  # readers may still hold its file for a moment
+            return True
 
     def offset_for_timestamp(self, timestamp: int) -> int:
         """First offset stored at or after ``timestamp`` (``max_offset`` if none yet)."""

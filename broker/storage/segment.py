@@ -23,6 +23,7 @@ from pathlib import Path
 
 from broker.persist import fsync_dir
 from broker.storage.record import HEADER, RecordHeader, parse_header, verify
+from broker.wire import codec
 from broker.wire.errors import DamagedRecordError
 
 __all__ = ["CutReport", "Segment"]
@@ -287,8 +288,11 @@ class Segment:
             header = parse_header(raw)
             if header is None:
                 return None
-            if header.store_ts >= timestamp:
-                return header.base_offset
+            if header.store_ts >= timestamp:  # a merged record's earlier messages may be older
+                if header.count == 1:
+                    return header.base_offset
+                body = os.pread(self.fd, header.body_len, position + HEADER.size)
+                return header.base_offset + codec.first_stamped_at_or_after(body, timestamp)
             position += header.size
         return None
 

@@ -20,20 +20,25 @@ from broker.wire.errors import BadBatchError
 from broker.wire.limits import MAX_PROPERTY_KEY_BYTES, MAX_PROPERTY_VALUE_BYTES, MAX_TAG_BYTES
 
 __all__ = [
+    "COMPACTED_SCHEMA",
     "END_OF_STREAM",
     "MESSAGE_SCHEMA",
     "MESSAGE_SCHEMA_IPC",
     "STORED_SCHEMA",
     "decode",
     "decode_many",
+    "compacted_body",
     "decode_records",
+    "decode_stamped_records",
     "empty_stored_table",
     "encode",
     "encode_parts",
+    "first_stamped_at_or_after",
     "message_batch",
     "messages_to_batch",
     "normalize",
     "now_ms",
+    "with_offsets_and_stamps",
     "with_store_columns",
 ]
 
@@ -55,6 +60,8 @@ _BODY, _BORN = MESSAGE_SCHEMA.get_field_index("body"), MESSAGE_SCHEMA.get_field_
 STORED_SCHEMA = MESSAGE_SCHEMA.append(pa.field("queue_offset", pa.int64(), nullable=False)).append(
     pa.field("store_timestamp", TIMESTAMP_MS)
 )
+# The body of a compacted record: the messages of many small records, each with its store timestamp.
+COMPACTED_SCHEMA = MESSAGE_SCHEMA.append(pa.field("store_timestamp", TIMESTAMP_MS, nullable=False))
 
 
 def now_ms() -> int:
@@ -64,7 +71,9 @@ def now_ms() -> int:
 # The IPC stream framing of the two schemas every batch uses, serialized once: encoding or
 # decoding a small batch then costs a few calls instead of a stream writer's or reader's setup.
 MESSAGE_SCHEMA_IPC = MESSAGE_SCHEMA.serialize().to_pybytes()
-_KNOWN_SCHEMAS = ((MESSAGE_SCHEMA, MESSAGE_SCHEMA_IPC), (STORED_SCHEMA, STORED_SCHEMA.serialize().to_pybytes()))
+COMPACTED_SCHEMA_IPC = COMPACTED_SCHEMA.serialize().to_pybytes()
+_KNOWN_SCHEMAS = ((MESSAGE_SCHEMA, MESSAGE_SCHEMA_IPC), (STORED_SCHEMA, STORED_SCHEMA.serialize().to_pybytes()),
+                  (COMPACTED_SCHEMA, COMPACTED_SCHEMA_IPC))
 END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 
 
@@ -383,25 +392,79 @@ def decode_records(bodies: Sequence[bytes]) -> pa.Table:
 
     Bodies stored by ``message_batch`` share one layout (schema message, record batch messages,
     end-of-stream marker), so consecutive ones are read as one stream: one decode, not one per
-    record. Records stored with the store columns (older data directories) are decoded one by one.
+    record; so are compacted records (``compacted_body``). Records stored with the store columns
+    (older data directories) are decoded one by one.
     """
-    prefix = MESSAGE_SCHEMA_IPC
-    if len(bodies) > 1 and all(body.startswith(prefix) for body in bodies):
-        messages = (memoryview(body)[len(prefix):-len(END_OF_STREAM)] for body in bodies)
-        return pa.ipc.open_stream(b"".join([prefix, *messages, END_OF_STREAM])).read_all()  # loops in C++
-    tables = [t if t.num_columns == len(MESSAGE_SCHEMA) else t.select(MESSAGE_SCHEMA.names)
-              for t in map(decode, bodies)]
+    tables = [table for _kind, _records, table in _decoded_runs(bodies)]
     return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+
+
+def decode_stamped_records(bodies: Sequence[bytes], store_timestamps: Sequence[int],
+                           counts: Sequence[int]) -> tuple[pa.Table, np.ndarray]:
+    """``decode_records``, and every message's store timestamp: its record's (``store_timestamps``,
+    records of ``counts`` messages), or its own in a compacted record."""
+    tables, stamps = [], []
+    for compacted, records, table in _decoded_runs(bodies):
+        if compacted:
+            stamps.append(table.column("store_timestamp").cast(pa.int64()).to_numpy())
+            table = table.select(MESSAGE_SCHEMA.names)
+        else:
+            stamps.append(np.repeat(np.asarray(store_timestamps[records], dtype=np.int64), counts[records]))
+        tables.append(table)
+    return (pa.concat_tables(tables) if len(tables) > 1 else tables[0]), np.concatenate(stamps)
+
+
+def _decoded_runs(bodies: Sequence[bytes]) -> list[tuple[bool, slice, pa.Table]]:
+    """Runs of consecutive bodies of one layout, each decoded at once: (compacted, the run's
+    records, their table; compacted runs keep their store_timestamp column)."""
+    runs, start = [], 0
+    while start < len(bodies):
+        prefix = next((p for p in (MESSAGE_SCHEMA_IPC, COMPACTED_SCHEMA_IPC) if bodies[start].startswith(p)), None)
+        end = start + 1
+        while prefix is not None and end < len(bodies) and bodies[end].startswith(prefix):
+            end += 1
+        if prefix is not None and end - start > 1:
+            messages = (memoryview(body)[len(prefix):-len(END_OF_STREAM)] for body in bodies[start:end])
+            table = pa.ipc.open_stream(b"".join([prefix, *messages, END_OF_STREAM])).read_all()  # loops in C++
+        else:
+            table = decode(bodies[start])
+            if prefix is None and table.num_columns != len(MESSAGE_SCHEMA):  # older records: header stamps
+                table = table.select(MESSAGE_SCHEMA.names)
+        runs.append((prefix is COMPACTED_SCHEMA_IPC, slice(start, end), table))
+        start = end
+    return runs
+
+
+def compacted_body(table: pa.Table, store_timestamps: np.ndarray) -> bytes:
+    """One record body for the messages of many small records (message columns) with each
+    message's store timestamp, which the record header cannot hold (``broker.storage.compaction``)."""
+    stamped = table.append_column(COMPACTED_SCHEMA.field("store_timestamp"), _int64_array(
+        np.ascontiguousarray(store_timestamps, dtype=np.int64), TIMESTAMP_MS))
+    return encode(stamped.combine_chunks())
+
+
+def first_stamped_at_or_after(body: bytes, timestamp: int) -> int:
+    """In a compacted record's body, the index of the first message stored at or after
+    ``timestamp``; 0 for any other record (all its messages share the header's timestamp)."""
+    if not body.startswith(COMPACTED_SCHEMA_IPC):
+        return 0
+    stamps = decode(body).column("store_timestamp").cast(pa.int64()).to_numpy()
+    return int(np.searchsorted(stamps, timestamp, side="left"))
 
 
 def with_store_columns(table: pa.Table, first_offset: int, store_timestamps: Sequence[int],
                        counts: Sequence[int]) -> pa.Table:
     """``table`` (message columns of consecutive records holding ``counts`` rows each) with
     ``queue_offset`` (first_offset, first_offset+1, ...) and each record's ``store_timestamp``."""
+    return with_offsets_and_stamps(table, first_offset, np.repeat(np.asarray(store_timestamps, dtype=np.int64), counts))
+
+
+def with_offsets_and_stamps(table: pa.Table, first_offset: int, stamps: np.ndarray) -> pa.Table:
+    """``table`` with ``queue_offset`` (first_offset, first_offset+1, ...) and ``store_timestamp``
+    (one per message)."""
     offsets = np.arange(first_offset, first_offset + table.num_rows, dtype=np.int64)
-    stamps = np.repeat(np.asarray(store_timestamps, dtype=np.int64), counts)
     return table.append_column(STORED_SCHEMA.field("queue_offset"), _int64_array(offsets, pa.int64())).append_column(
-        STORED_SCHEMA.field("store_timestamp"), _int64_array(stamps, TIMESTAMP_MS)
+        STORED_SCHEMA.field("store_timestamp"), _int64_array(np.ascontiguousarray(stamps, dtype=np.int64), TIMESTAMP_MS)
     )
 
 
