@@ -47,6 +47,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     security.add_argument("--replication-access-key",
                           help="group with ACL: the user a slave replicates as (needs `replicate` on broker)")
     security.add_argument("--replication-secret-file", help="file holding the secret key of --replication-access-key")
+    security.add_argument("--zookeeper-tls-ca-file", help="PEM CA of ZooKeeper's certificate: reach ZooKeeper over TLS")
+    security.add_argument("--zookeeper-tls-cert-file", help="PEM certificate presented to ZooKeeper")
+    security.add_argument("--zookeeper-tls-key-file", help="PEM private key of --zookeeper-tls-cert-file")
+    security.add_argument("--zookeeper-auth-file",
+                          help="file holding user:password: ZooKeeper digest user, owner of every node created")
     return parser.parse_args(argv)
 
 
@@ -59,7 +64,9 @@ def load_config(args: argparse.Namespace) -> BrokerConfig:
         acl_file=args.acl_file, allow_insecure_remote=args.allow_insecure_remote,
         replication_tls_ca_file=args.replication_tls_ca_file, replication_tls_cert_file=args.replication_tls_cert_file,
         replication_tls_key_file=args.replication_tls_key_file, replication_access_key=args.replication_access_key,
-        replication_secret_file=args.replication_secret_file,
+        replication_secret_file=args.replication_secret_file, zookeeper_tls_ca_file=args.zookeeper_tls_ca_file,
+        zookeeper_tls_cert_file=args.zookeeper_tls_cert_file, zookeeper_tls_key_file=args.zookeeper_tls_key_file,
+        zookeeper_auth_file=args.zookeeper_auth_file,
         zookeeper=args.zookeeper, cluster_name=args.cluster_name, broker_name=args.broker_name,
         broker_id=args.broker_id, replication=args.replication,
     )

@@ -130,6 +130,13 @@ class BrokerConfig:
         In a group with ``acl_file``: the user a slave authenticates as on its master's
         ``Replicate`` stream (it needs the ``replicate`` right on ``broker``) and a file holding
         its secret key, read at every (re)connection.
+    zookeeper_tls_ca_file : str
+        PEM of the CA of ZooKeeper's certificate: talk to ZooKeeper over TLS ("" plaintext).
+    zookeeper_tls_cert_file, zookeeper_tls_key_file : str
+        The certificate the broker presents to ZooKeeper (its ``ssl.clientAuth=need``).
+    zookeeper_auth_file : str
+        A file holding ``user:password``: authenticate to ZooKeeper as that digest user and create
+        every node for that user alone ("" leaves nodes open to every ZooKeeper client).
     """
 
     host: str = "127.0.0.1"
@@ -174,6 +181,10 @@ class BrokerConfig:
     replication_tls_key_file: str = ""
     replication_access_key: str = ""
     replication_secret_file: str = ""
+    zookeeper_tls_ca_file: str = ""
+    zookeeper_tls_cert_file: str = ""
+    zookeeper_tls_key_file: str = ""
+    zookeeper_auth_file: str = ""
 
     def __post_init__(self) -> None:
         if isinstance(self.data_dir, os.PathLike):
@@ -359,7 +370,8 @@ def _check_security(config: BrokerConfig) -> None:
 
 
 _REPLICATION_LINK = ("replication_tls_ca_file", "replication_tls_cert_file", "replication_tls_key_file",
-                     "replication_access_key", "replication_secret_file")
+                     "replication_access_key", "replication_secret_file", "zookeeper_tls_ca_file",
+                     "zookeeper_tls_cert_file", "zookeeper_tls_key_file", "zookeeper_auth_file")
 
 
 def _check_replication_link(config: BrokerConfig) -> None:
@@ -375,6 +387,11 @@ def _check_replication_link(config: BrokerConfig) -> None:
     if bool(config.replication_tls_cert_file) != bool(config.replication_tls_key_file):
         raise InvalidOptionError("replication_tls_cert_file and replication_tls_key_file go together: set both, "
                                  "or neither to present tls_cert_file / tls_key_file")
+    if bool(config.zookeeper_tls_cert_file) != bool(config.zookeeper_tls_key_file):
+        raise InvalidOptionError("zookeeper_tls_cert_file and zookeeper_tls_key_file go together: set both, or neither")
+    if config.zookeeper_tls_cert_file and not config.zookeeper_tls_ca_file:
+        raise InvalidOptionError("zookeeper_tls_cert_file is for TLS to ZooKeeper: it needs zookeeper_tls_ca_file "
+                                 "(the CA of ZooKeeper's certificate)")
     if bool(config.replication_access_key) != bool(config.replication_secret_file):
         raise InvalidOptionError("replication_access_key and replication_secret_file go together: the user slaves "
                                  "replicate as and the file holding its secret key")

@@ -384,16 +384,18 @@ def start_broker(config: BrokerConfig) -> RunningBroker:
     """Open the data directory (recovering it) and serve on ``config.host:config.port``
     (port 0 picks a free one: read ``.port``)."""
     guard = AccessGuard(config.acl_file) if config.acl_file else None  # a bad ACL file fails before any open
-    link = None
+    link = zookeeper = None
     if config.clustered:
         from broker.cluster.link import ReplicationLink
+        from broker.cluster.zk_security import zookeeper_client_options
 
         link = ReplicationLink.from_config(config)  # likewise its TLS and secret files
+        zookeeper = zookeeper_client_options(config)
     service = BrokerService(config)
     if config.clustered:
         from broker.cluster.node import ClusterNode  # kazoo is the `cluster` extra: imported only when used
 
-        service.cluster = ClusterNode(service, link)
+        service.cluster = ClusterNode(service, link, zookeeper)
     pool = futures.ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="orderlymq-rpc")
     loop = _LoopThread()
     server = send_port = None

@@ -55,11 +55,12 @@ class GroupControl:
     so it must only schedule work) whenever anything of the group or the session changes."""
 
     def __init__(self, hosts: str, cluster: str, group: str, broker_id: int, *, session_timeout_s: float,
-                 on_change: Callable[[], None]) -> None:
+                 on_change: Callable[[], None], client_options: dict | None = None) -> None:
         self.broker_id = broker_id
         self.root = f"/orderlymq/{cluster}/groups/{group}"
         self.on_change = on_change
-        self.client = KazooClient(hosts=hosts, timeout=session_timeout_s)
+        # client_options: TLS and digest user (broker.cluster.zk_security)
+        self.client = KazooClient(hosts=hosts, timeout=session_timeout_s, **(client_options or {}))
         self.address = ""
         self._session_lost = threading.Event()
         self.client.add_listener(self._on_session)

@@ -31,6 +31,7 @@ from broker.cluster.link import ReplicationLink
 from broker.cluster.replication import ReplicaSource
 from broker.cluster.topic_keeper import TopicKeeper
 from broker.cluster.topics import TopicRegistry
+from broker.cluster.zk_security import zookeeper_client_options
 from broker.proto import orderlymq_pb2 as pb
 from broker.service import BrokerService
 from broker.wire.errors import NotMasterError
@@ -52,7 +53,8 @@ class Role:
 class ClusterNode:
     """The cluster side of one broker: ZooKeeper control, replication, role changes."""
 
-    def __init__(self, service: BrokerService, link: ReplicationLink | None = None) -> None:
+    def __init__(self, service: BrokerService, link: ReplicationLink | None = None,
+                 zookeeper_options: dict | None = None) -> None:
         config = service.config
         self.link = link or ReplicationLink.from_config(config)  # how this broker dials a master
         self.service = service
@@ -64,7 +66,9 @@ class ClusterNode:
         self.history = EpochHistory(service.store.data_dir / "cluster-epochs.json")
         self.source = ReplicaSource(service, self.history, self.broker_id, self.not_master)
         self.control = GroupControl(config.zookeeper, config.cluster_name, config.broker_name, self.broker_id,
-                                    session_timeout_s=config.zk_session_timeout_ms / 1000, on_change=self._wake_up)
+                                    session_timeout_s=config.zk_session_timeout_ms / 1000, on_change=self._wake_up,
+                                    client_options=zookeeper_options if zookeeper_options is not None
+                                    else zookeeper_client_options(config))
         self.registry = TopicRegistry(self.control.client, config.cluster_name)
         self.topics = TopicKeeper(service, self.registry, config.broker_name)
         self._fetcher: ReplicaFetcher | None = None

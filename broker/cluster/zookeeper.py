@@ -14,13 +14,16 @@ import signal
 import socket
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["ZOOKEEPER_JAR", "ZooKeeperServer", "zookeeper_installed"]
+__all__ = ["ZOOKEEPER_JAR", "ZooKeeperServer", "ZooKeeperTls", "zookeeper_installed"]
 
 ZOOKEEPER_JAR = Path("/usr/share/java/zookeeper.jar")
 _CONF_DIR = Path("/etc/zookeeper/conf")  # its log4j.properties
 _MAIN = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
+# Netty parts the TLS port needs that Debian's zookeeper.jar does not list in its class path.
+_NETTY_TLS_JARS = (Path("/usr/share/java/netty-codec.jar"), Path("/usr/share/java/netty-resolver.jar"))
 _TICK_MS = 500  # sessions may then be as short as 2 ticks: failovers within seconds
 
 
@@ -34,17 +37,40 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-class ZooKeeperServer:
-    """One standalone ZooKeeper server under ``directory`` (config, data, log)."""
+@dataclass(frozen=True)
+class ZooKeeperTls:
+    """TLS of a test ZooKeeper's secure port: its certificate and key in one PEM file, the CA of
+    client certificates, and whether clients must present one."""
 
-    def __init__(self, directory: str | Path, port: int = 0) -> None:
+    keystore_pem: str
+    trust_ca_file: str
+    need_client_auth: bool = False
+
+    def settings(self, port: int) -> list[str]:
+        return [f"secureClientPort={port}", "serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory",
+                f"ssl.keyStore.location={self.keystore_pem}", "ssl.keyStore.type=PEM",
+                f"ssl.trustStore.location={self.trust_ca_file}", "ssl.trustStore.type=PEM",
+                f"ssl.clientAuth={'need' if self.need_client_auth else 'none'}"]
+
+
+class ZooKeeperServer:
+    """One standalone ZooKeeper server under ``directory`` (config, data, log); with ``tls`` it
+    also serves TLS on ``secure_port`` (``secure_connect_string``)."""
+
+    def __init__(self, directory: str | Path, port: int = 0, tls: ZooKeeperTls | None = None) -> None:
         self.directory = Path(directory)
         self.port = port or _free_port()
+        self.tls = tls
+        self.secure_port = _free_port() if tls else 0
         self.proc: subprocess.Popen | None = None
 
     @property
     def connect_string(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def secure_connect_string(self) -> str:
+        return f"127.0.0.1:{self.secure_port}"
 
     @property
     def log_path(self) -> Path:
@@ -63,6 +89,7 @@ class ZooKeeperServer:
             f"minSessionTimeout={2 * _TICK_MS}",
             "maxSessionTimeout=60000",
             "4lw.commands.whitelist=ruok",
+            *(self.tls.settings(self.secure_port) if self.tls else []),
         ]) + "\n")
         return config
 
@@ -70,8 +97,8 @@ class ZooKeeperServer:
         if not zookeeper_installed():
             raise RuntimeError(f"ZooKeeper is not installed ({ZOOKEEPER_JAR} or java missing): run `make zookeeper`")
         config = self._write_config()
-        cmd = ["java", "-Xmx256m", f"-Dzookeeper.log.dir={self.directory}", "-cp",
-               f"{_CONF_DIR}:{ZOOKEEPER_JAR}", _MAIN, str(config)]
+        classpath = ":".join(map(str, [_CONF_DIR, ZOOKEEPER_JAR, *(_NETTY_TLS_JARS if self.tls else ())]))
+        cmd = ["java", "-Xmx256m", f"-Dzookeeper.log.dir={self.directory}", "-cp", classpath, _MAIN, str(config)]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout

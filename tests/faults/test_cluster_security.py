@@ -34,7 +34,7 @@ from connector.client.connection import BrokerConnection, open_channel
 from connector.client.routed import RoutedConnection
 from connector.history import History, check
 from tests.faults.brokers import broker_process
-from tests.faults.cluster_group import CLUSTER_BROKER
+from tests.faults.cluster_group import CLUSTER_BROKER, BrokerGroup
 from tests.faults.fault_profile import PROFILE
 from tests.faults.workload import KeyedProducer, shutdown_all, start_orderly_group, stored_deliveries
 from tests.security.pki import CertificateAuthority
@@ -309,3 +309,51 @@ def test_a_topic_over_two_secure_groups_survives_a_master_kill(broker_cluster, s
     assert len(holders) == 2, holders
     assert log.ok and log.acked > 0, str(log)
     assert caught_up and consumed.lost == 0 and consumed.out_of_order == 0, str(consumed)
+
+
+def test_a_group_reaches_zookeeper_over_mutual_tls_as_a_digest_user(secure, tmp_path):
+    from kazoo.client import KazooClient
+    from kazoo.exceptions import NoAuthError
+
+    from broker.cluster.zookeeper import ZooKeeperServer, ZooKeeperTls
+
+    issued = secure.ca.issue("zookeeper")
+    keystore = tmp_path / "zookeeper-keystore.pem"
+    keystore.write_text(Path(issued.key_file).read_text() + Path(issued.cert_file).read_text())
+    zookeeper = ZooKeeperServer(tmp_path / "zookeeper", tls=ZooKeeperTls(str(keystore), secure.ca.ca_file, True))
+    zookeeper.start()
+    auth, wrong = tmp_path / "zookeeper.auth", tmp_path / "wrong.auth"
+    auth.write_text("orderlymq:zookeeper-password-1\n")
+    wrong.write_text("orderlymq:not-the-password\n")
+    settings = secure.settings | dict(zookeeper_tls_ca_file=secure.ca.ca_file, zookeeper_auth_file=str(auth),
+                                      zookeeper_tls_cert_file=secure.broker.cert_file,
+                                      zookeeper_tls_key_file=secure.broker.key_file)
+    group = BrokerGroup(tmp_path / "group", zookeeper.secure_connect_string, 2, tls=secure.client_tls,
+                        credentials=creds("admin"), **settings)
+    anonymous = KazooClient(hosts=zookeeper.connect_string)  # the plain port, no user
+    try:
+        group.start()
+        master, slave = group.brokers
+        group.wait_for_role(slave, "SLAVE")
+        with Admin(group.addresses, **secure.client("admin")) as admin:
+            admin.create_topic(TOPIC, 1)
+        with Producer(group.addresses, **secure.client("app")) as producer:
+            for i in range(10):
+                producer.send(TOPIC, f"k:{i}".encode(), key="k")
+        assert wait_until(lambda: [r.behind_messages for r in group.health(master).replicas] == [0])
+
+        anonymous.start(timeout=15)
+        state = "/orderlymq/orderlymq/groups/group-a/state"
+        for attempt in (lambda: anonymous.get(state), lambda: anonymous.set(state, b"{}"),
+                        lambda: anonymous.delete("/orderlymq/orderlymq/groups/group-a/master")):
+            with pytest.raises(NoAuthError):
+                attempt()
+        intruder = broker_process(tmp_path / "intruder", zookeeper=zookeeper.secure_connect_string,
+                                  broker_name="group-a", broker_id=7, **(CLUSTER_BROKER | settings | {
+                                      "zookeeper_auth_file": str(wrong)}))
+        with pytest.raises(RuntimeError, match="cannot join broker group group-a"):
+            intruder.start()
+    finally:
+        anonymous.stop()
+        group.kill_all()
+        zookeeper.stop()

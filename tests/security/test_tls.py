@@ -115,6 +115,11 @@ def test_a_broker_group_settings_of_its_replication_links():
         BrokerConfig(**group, replication_tls_ca_file="ca.pem")
     with pytest.raises(InvalidOptionError, match="replication_tls_cert_file and replication_tls_key_file go together"):
         BrokerConfig(**group, tls_cert_file="c", tls_key_file="k", replication_tls_cert_file="rc")
+    with pytest.raises(InvalidOptionError, match="zookeeper_tls_cert_file and zookeeper_tls_key_file go together"):
+        BrokerConfig(**group, zookeeper_tls_ca_file="ca.pem", zookeeper_tls_cert_file="zc")
+    with pytest.raises(InvalidOptionError, match="zookeeper_tls_cert_file is for TLS to ZooKeeper: it needs "
+                                                 "zookeeper_tls_ca_file"):
+        BrokerConfig(**group, zookeeper_tls_cert_file="zc", zookeeper_tls_key_file="zk")
     secure = BrokerConfig(**group, tls_cert_file="c", tls_key_file="k", acl_file="acl.toml",
                           replication_access_key="replicator", replication_secret_file="replicator.secret")
     assert secure.clustered and secure.tls
