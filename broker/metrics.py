@@ -24,10 +24,13 @@ from prometheus_client import (
     Gauge,
     Histogram,
     disable_created_metrics,
-    start_http_server,
+    make_wsgi_app,
 )
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from broker.security.guard import AccessGuard
+from broker.security.http import ReloadingSslContext, serve_http
 
 __all__ = ["METRICS", "BrokerMetrics"]
 
@@ -124,14 +127,11 @@ class BrokerMetrics:
         if code is not None:
             self.rpc_errors.labels(method, code).inc()
 
-    def serve(self, port: int, host: str = "127.0.0.1", *, cert_file: str = "", key_file: str = "",
-              client_ca_file: str = "") -> int:
-        """Serve ``/metrics`` on ``host:port`` (0 picks a free port); returns the port. With
-        ``cert_file`` / ``key_file`` over HTTPS, with ``client_ca_file`` only to clients (scrapers)
-        presenting a certificate of that CA."""
-        server, _thread = start_http_server(port, addr=host, registry=self.registry, certfile=cert_file or None,
-                                            keyfile=key_file or None, client_cafile=client_ca_file or None,
-                                            client_auth_required=bool(client_ca_file))
+    def serve(self, port: int, host: str = "127.0.0.1", *, tls: ReloadingSslContext | None = None,
+              guard: AccessGuard | None = None) -> int:
+        """Serve ``/metrics`` on ``host:port`` (0 picks a free port); returns the port. With ``tls``
+        over HTTPS; with ``guard`` to users allowed to (``broker.security.http``)."""
+        server = serve_http(make_wsgi_app(self.registry), host, port, tls=tls, guard=guard)
         self._http = server
         return server.server_port
 

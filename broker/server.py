@@ -39,6 +39,7 @@ from broker.proto import orderlymq_pb2 as pb
 from broker.rocketmq import ACL_REFUSAL, refusal_handler, rocketmq_handler
 from broker.security.certificates import server_credentials
 from broker.security.guard import AccessGuard
+from broker.security.http import ReloadingSslContext
 from broker.security.throttle import peer_host
 from broker.send_port import SendPort, serve_send_port, serves_send_port
 from broker.service import BrokerService
@@ -429,8 +430,9 @@ def start_broker(config: BrokerConfig) -> RunningBroker:
         service.send_port = send_port.port
     try:
         metrics_port = service.metrics.serve(
-            config.metrics_port, config.host, cert_file=config.tls_cert_file, key_file=config.tls_key_file,
-            client_ca_file=config.tls_client_ca_file) if config.metrics_port >= 0 else None
+            config.metrics_port, config.host, guard=guard,
+            tls=ReloadingSslContext(config.tls_cert_file, config.tls_key_file, config.tls_client_ca_file)
+            if config.tls else None) if config.metrics_port >= 0 else None
     except OSError as exc:
         abandon()
         raise OSError(f"cannot serve metrics on {config.host}:{config.metrics_port} ({exc}); pick another "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import http.client
 import json
 import os
@@ -20,7 +21,7 @@ from broker.wire.tls import TlsOptions
 from connector.client.admin import Admin
 from connector.client.connection import BrokerConnection, pb
 from connector.client.producer import Producer
-from tests.security.conftest import credentials
+from tests.security.conftest import SECRETS, credentials
 from tests.security.pki import CertificateAuthority
 from tests.support import wait_until
 
@@ -144,7 +145,7 @@ def test_renewed_certificate_files_apply_without_restart(broker_factory, tmp_pat
     cert, key = tmp_path / "serving.crt", tmp_path / "serving.key"
     cert.write_bytes(Path(old.cert_file).read_bytes())
     key.write_bytes(Path(old.key_file).read_bytes())
-    broker = broker_factory(tls_cert_file=str(cert), tls_key_file=str(key))
+    broker = broker_factory(tls_cert_file=str(cert), tls_key_file=str(key), metrics_port=0)
     trusts_old, trusts_new = TlsOptions(ca_file=old_ca.ca_file), TlsOptions(ca_file=new_ca.ca_file)
     assert _serves(broker.address, trusts_old) and not _serves(broker.address, trusts_new)
 
@@ -159,6 +160,17 @@ def test_renewed_certificate_files_apply_without_restart(broker_factory, tmp_pat
     Path(f"{key}.tmp").replace(key)
     assert wait_until(lambda: _serves(broker.address, trusts_new)), caplog.text
     assert not _serves(broker.address, trusts_old)
+    metrics = f"https://127.0.0.1:{broker.metrics_port}/metrics"  # the metrics endpoint follows too
+    assert wait_until(lambda: _scrapes(metrics, ssl.create_default_context(cafile=new_ca.ca_file))), caplog.text
+    assert not _scrapes(metrics, ssl.create_default_context(cafile=old_ca.ca_file))
+
+
+def _scrapes(url: str, context: ssl.SSLContext | None, headers: dict | None = None) -> bool:
+    try:
+        request = urllib.request.Request(url, headers=headers or {})
+        return b"orderlymq_" in urllib.request.urlopen(request, context=context, timeout=10).read()
+    except (ssl.SSLError, urllib.error.URLError, ConnectionError, http.client.HTTPException):
+        return False
 
 
 def test_metrics_are_served_over_mutual_tls_with_the_broker_certificate(broker_factory, pki):
@@ -190,3 +202,28 @@ def test_console_reads_a_tls_and_acl_broker(broker_factory, pki, acl_file):
     finally:
         process.terminate()
         process.wait(timeout=10)
+
+
+def test_metrics_need_an_admin_of_the_broker_under_access_control(broker_factory, acl_file):
+    broker = broker_factory(acl_file=str(acl_file.path), metrics_port=0)
+    url = f"http://127.0.0.1:{broker.metrics_port}/metrics"
+
+    def status(user: str | None, secret: str | None = None) -> tuple[int, str]:
+        headers = {}
+        if user is not None:
+            token = base64.b64encode(f"{user}:{secret or SECRETS[user]}".encode()).decode()
+            headers["Authorization"] = f"Basic {token}"
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as answer:
+                return answer.status, answer.read().decode()
+        except urllib.error.HTTPError as refused:
+            return refused.code, refused.read().decode()
+
+    code, body = status(None)
+    assert code == 401 and "no credentials" in body
+    code, body = status("reader", "wrong-secret")
+    assert code == 401 and "wrong secret key for access key 'reader'" in body and "wrong-secret" not in body
+    code, body = status("reader")
+    assert code == 403 and "user 'reader' may not read the metrics: it needs admin on broker" in body
+    code, body = status("admin")
+    assert code == 200 and "orderlymq_rpc_duration_seconds" in body
