@@ -459,7 +459,15 @@ class PipelinedSender:
             for batch in self._in_flight:
                 requests.put(batch)
             self._requests = requests
-            call = self._conn.stub.SendStream(self._iterate(requests), metadata=self._conn.metadata)
+            while True:
+                stub = self._conn.stub
+                try:
+                    call = stub.SendStream(self._iterate(requests), metadata=self._conn.metadata)
+                    break
+                except ValueError:
+                    if stub is self._conn.stub:
+                        raise
+                    # another thread moved the connection to another broker and closed this channel
             self._call = call
             return call, requests
 
