@@ -27,13 +27,14 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
 from broker.proto import orderlymq_pb2 as pb
-from broker.storage.store import MAX_QUEUES, validate_topic_name
+from broker.storage.store import MAX_QUEUES, TOPIC_NAME, validate_topic_name
 from broker.wire.errors import (
     BrokerUnavailableError,
     InvalidRequestError,
     TopicExistsError,
     TopicNotFoundError,
 )
+from broker.wire.limits import MAX_TOPIC_BYTES
 
 __all__ = ["TopicLayout", "TopicRegistry"]
 
@@ -103,10 +104,11 @@ class TopicRegistry:
         return TopicLayout.decoded(raw)
 
     def require(self, topic: str) -> TopicLayout:
-        layout = self.layout(topic) if topic else None
+        # A name no topic can have is never looked up: "a/ready/b" would read another node.
+        layout = self.layout(topic) if TOPIC_NAME.match(topic) and topic not in (".", "..") else None
         if layout is None:
-            if topic:
-                validate_topic_name(topic)
+            if len(topic) > MAX_TOPIC_BYTES:
+                validate_topic_name(topic)  # says why, briefly
             raise TopicNotFoundError(f"topic {topic!r} does not exist; create it first (orderlymq topic create {topic})")
         return layout
 
@@ -198,6 +200,7 @@ class TopicRegistry:
         return layout
 
     def grow(self, topic: str, count: int) -> TopicLayout:
+        validate_topic_name(topic)
         _check_count(count)
         while True:
             try:

@@ -16,7 +16,7 @@ import pytest
 
 from broker.proto import orderlymq_pb2 as pb
 from broker.proto import orderlymq_pb2_grpc as pb_grpc
-from broker.wire.errors import TopicNotFoundError, WrongGroupError
+from broker.wire.errors import InvalidRequestError, TopicNotFoundError, WrongGroupError
 from connector.cli import main
 from connector.client import Admin, ConcurrentConsumer, ConsumeConcurrentlyStatus, Producer, PullConsumer
 from connector.client.connection import BrokerConnection
@@ -165,6 +165,12 @@ def test_bad_inputs_and_stale_routes_get_clear_answers(broker_cluster):
         with pytest.raises(TopicNotFoundError):
             admin.describe_topic("no-such-topic")
         admin.create_topic(TOPIC, 3)
+        with pytest.raises(TopicNotFoundError):  # a name no topic can have reads no other node
+            admin.describe_topic(f"{TOPIC}/ready/broker-a")
+        with pytest.raises(InvalidRequestError, match="invalid topic name"):
+            admin.grow_topic(f"{TOPIC}/ready", 4)
+        with pytest.raises(InvalidRequestError, match="queue count must be between"):
+            admin.create_topic("too-many", 100_000)
         spread = _spread(_describe(brokers[0].address, TOPIC))
         # A queue asked of a group that does not hold it: refused, naming the group that does.
         holder_of_a = spread["broker-a"][0]
