@@ -309,3 +309,26 @@ def test_pull_and_concurrent_consumers_across_groups(broker_cluster):
 def _delivery(message) -> Delivery:
     key, seq = parse_body(message.body)
     return Delivery(key, seq, consumer="puller", queue_id=message.queue_id, offset=message.queue_offset)
+
+
+def test_a_group_down_at_creation_holds_no_queue_of_that_topic(broker_cluster):
+    """Topics are spread over the groups with a master at creation; one back later gets the next topics."""
+    groups = broker_cluster(3, 1, min_sync_replicas=1)
+    down = groups[2]
+    down.kill_all()
+    with Admin(groups[0].addresses) as admin:
+        assert wait_until(lambda: sorted(g.broker_name for g in admin.cluster_groups()) == GROUP_NAMES[:2])
+        info = admin.create_topic("while-down", 4)
+        assert {g.broker_name for g in info.groups} == {"broker-a", "broker-b"}
+        history = History()
+        with Producer(groups[1].addresses) as producer:
+            for i in range(40):
+                producer.send("while-down", body(f"k{i % 8}", i // 8), key=f"k{i % 8}")
+                history.sent(f"k{i % 8}", i // 8, acked=True)
+        with RoutedConnection(groups[0].addresses) as conn:
+            log = check(history.sends, stored_deliveries(conn, "while-down"))
+        assert log.ok, str(log)
+        down.brokers[0].start()
+        down.wait_for_master()
+        assert {g.broker_name for g in admin.create_topic("after", 6).groups} == set(GROUP_NAMES)
+        assert {g.broker_name for g in admin.describe_topic("while-down").groups} == {"broker-a", "broker-b"}
