@@ -87,9 +87,13 @@ class RouteCache:
             if cached is None or refresh:
                 raise
             return cached[1]  # an expired route still serves while no broker answers (a failover)
+        return self.remember(answer, read_at=now)
+
+    def remember(self, answer: pb.TopicRoute, *, read_at: float | None = None) -> TopicRoute:
+        """Cache a ``DescribeTopic`` answer (also one read by other code, to spare a second call)."""
         route = TopicRoute.from_protocol(answer)
         with self._lock:
-            self._routes[topic] = (now, route)
+            self._routes[route.topic] = (time.monotonic() if read_at is None else read_at, route)
             self.clustered = route.clustered
         for listener in self.listeners:
             listener(route)

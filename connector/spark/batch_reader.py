@@ -51,14 +51,14 @@ class OrderlyMQBatchReader(DataSourceReader):
                     f"option 'endingOffsets': queue {topic}/{queue_id} would end at {end[ref]}, before its start "
                     f"{start[ref]}: give an ending offset >= the starting offset"
                 )
-        return [
-            QueuePartition(
-                topic=topic, broker=routes[topic].broker_name, queue_id=queue_id, start=start[ref], end=end[ref]
-            )
-            for ref in queues
-            for topic, queue_id in [ref]
-            if end[ref] > start[ref]
-        ]
+        partitions = []
+        for ref in queues:
+            if end[ref] > start[ref]:
+                topic, queue_id = ref
+                broker, addresses = metadata.placement(routes[topic], queue_id)
+                partitions.append(QueuePartition(topic=topic, broker=broker, queue_id=queue_id, start=start[ref],
+                                                 end=end[ref], addresses=addresses))
+        return partitions
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, QueuePartition):  # Spark's placeholder when there is nothing to read

@@ -43,7 +43,7 @@ class DriverState:
         self.warden = Warden(options.brokers, self.group, client_id, options.security)
         self.locks.on_change = self.warden.holds
         self.last_latest: Positions | None = None
-        self.broker_name = ""
+        self.routes: dict[str, pb.TopicRoute] = {}  # the topics' routes as last read (queue -> group)
         self._left: Positions = {}  # where this client left (committed or accepted) the group's offsets
         self._rebase: dict[QueueRef, tuple[int, int]] = {}  # groupOffsetConflict=group: (checkpoint, group)
         self.checked = False
@@ -53,9 +53,14 @@ class DriverState:
 
     def queues(self) -> list[QueueRef]:
         """Every queue of the topics now (new queues of a growing topic appear here)."""
-        routes = metadata.describe_topics(self.conn, self.options.topics)
-        self.broker_name = next(iter(routes.values())).broker_name
-        return metadata.all_queues(routes)
+        self.routes = metadata.describe_topics(self.conn, self.options.topics)
+        return metadata.all_queues(self.routes)
+
+    def placement(self, ref: QueueRef) -> tuple[str, tuple[str, ...]]:
+        """The broker (a cluster: the group) holding queue ``ref`` and its brokers, as last read."""
+        if ref[0] not in self.routes:
+            self.queues()
+        return metadata.placement(self.routes[ref[0]], ref[1])
 
     def latest(self, queues: list[QueueRef]) -> Positions:
         self.last_latest = {ref: metadata.queue_bounds(self.conn, ref)[1] for ref in queues}

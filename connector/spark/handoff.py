@@ -10,7 +10,7 @@ in its commit log, it reads the batch's source offsets from the query's checkpoi
 (``<checkpointLocation>/offsets/<batchId>``) and commits, for every ``orderlymq`` source there,
 the group's offsets to the batch's end, as the source's own client id and with the epoch of the
 lock that client holds now (a queue the client no longer holds is left alone: fencing still
-applies). What remains is the time between the sink's last ``CommitTxn`` and these commits.
+applies); in a cluster each on the master of the broker group holding the queue. What remains is the time between the sink's last ``CommitTxn`` and these commits.
 
 Best effort by design: any failure is logged and the source's own lazy commit still follows.
 """
@@ -24,6 +24,8 @@ from pathlib import Path
 from broker.wire.errors import OrderlyMQError
 from connector.client.connection import BrokerConnection, pb
 from connector.client.locking import queues_by_topic
+from connector.client.routed import RoutedConnection
+from connector.spark.metadata import by_group, group_connection
 from connector.spark.offsets import positions_of
 from connector.spark.security import ConnectionSecurity
 
@@ -62,7 +64,7 @@ def advance_group_offsets(checkpoint: str | None, batch_id: int, security: Conne
     for offset in source_offsets(checkpoint, batch_id):
         try:
             kwargs = (security or ConnectionSecurity()).connect_kwargs()
-            with BrokerConnection(offset["brokers"], timeout=10, retry_timeout=10, **kwargs) as conn:
+            with RoutedConnection(offset["brokers"], timeout=10, retry_timeout=10, **kwargs) as conn:
                 done += _advance(conn, offset["group"], offset["clientId"], positions_of(offset))
         except OrderlyMQError as exc:
             log.warning("batch %d: advancing the offsets of group %r failed (the source commits them when it plans "
@@ -70,7 +72,20 @@ def advance_group_offsets(checkpoint: str | None, batch_id: int, security: Conne
     return done
 
 
-def _advance(conn: BrokerConnection, group: str, client_id: str, positions: dict) -> int:
+def _advance(conn: RoutedConnection, group: str, client_id: str, positions: dict) -> int:
+    """Per broker group (a single broker is one): a group failing over leaves the others' commits."""
+    done = 0
+    for broker_group, refs in by_group(conn, positions).items():
+        try:
+            done += _advance_group(group_connection(conn, broker_group), group, client_id,
+                                   {ref: positions[ref] for ref in refs})
+        except OrderlyMQError as exc:
+            log.warning("advancing the offsets of group %r on broker group %r failed (the source commits them when "
+                        "it plans the next batch): %s", group, broker_group, exc)
+    return done
+
+
+def _advance_group(conn: BrokerConnection, group: str, client_id: str, positions: dict) -> int:
     done = 0
     for topic, ids in queues_by_topic(positions).items():
         locks = conn.call("QueryLocks", pb.QueryLocksRequest(group=group, topic=topic)).locks

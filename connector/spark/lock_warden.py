@@ -8,7 +8,7 @@ over a pipe, the epochs it holds (one JSON line per change) and, when it release
 itself, ``released``. When the pipe closes without ``released`` (the reader died), the warden
 unlocks every queue that the client still holds at the epoch it was told, and exits. Checking
 the epoch first means a lock taken again meanwhile (a restart of the query with the same client
-id) is left alone.
+id) is left alone. In a cluster each queue is asked of, and unlocked on, its broker group's master.
 
 Run as ``main([brokers, group, client id])`` in a process of its own (``Warden`` starts it); TLS
 and credentials come through its environment (``ConnectionSecurity``), never its command line.
@@ -25,8 +25,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from broker.wire.errors import OrderlyMQError
-from connector.client.connection import BrokerConnection
+from connector.client.routed import RoutedConnection
 from connector.spark.locks import describe_holder, unlock
+from connector.spark.metadata import Connection
 from connector.spark.offsets import QueueRef
 from connector.spark.security import ConnectionSecurity
 
@@ -93,7 +94,7 @@ def _watch(lines) -> dict[QueueRef, int] | None:
     return held
 
 
-def release_orphaned(conn: BrokerConnection, group: str, client_id: str, held: Mapping[QueueRef, int]) -> list:
+def release_orphaned(conn: Connection, group: str, client_id: str, held: Mapping[QueueRef, int]) -> list:
     """Unlock the queues of ``held`` that ``client_id`` still holds at the same epoch; those unlocked."""
     stale = []
     for ref, epoch in sorted(held.items()):
@@ -111,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         security = ConnectionSecurity.from_environment()
-        with BrokerConnection(brokers, timeout=5, retry_timeout=_UNLOCK_RETRY_S, **security.connect_kwargs()) as conn:
+        with RoutedConnection(brokers, timeout=5, retry_timeout=_UNLOCK_RETRY_S, **security.connect_kwargs()) as conn:
             released = release_orphaned(conn, group, client_id, held)
     except OrderlyMQError as exc:
         print(f"orderlymq lock warden: could not release the locks of {client_id!r}: {exc}", file=sys.stderr)

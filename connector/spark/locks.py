@@ -11,6 +11,12 @@ lease lets any client in) is never adopted silently: the group's committed offse
 (``connector.spark.group_offsets``). Nobody else consumed the queue: the new epoch is adopted
 with a warning. Someone did, or another client holds the lock now: the queue is fenced and the
 next driver call fails the query with an error naming that client.
+
+In a cluster (docs/cluster.md) each broker group's master grants the locks of its queues, with
+fencing epochs of its own (a new master's are above ``group epoch << 32``, so a failover frees
+the group's locks as a restart does, and the same rule takes them back). Renewal runs per group,
+so a group failing over delays only its own; unlocking too, so one group down leaves the others'
+locks released at once.
 """
 
 from __future__ import annotations
@@ -24,9 +30,10 @@ from broker.wire.errors import FencedError, OrderlyMQError
 from connector.client import locking
 from connector.client.connection import BrokerConnection, pb
 from connector.spark.group_offsets import check_not_consumed
+from connector.spark.metadata import Connection, by_group, group_connection, group_of
 from connector.spark.offsets import QueueRef
 
-__all__ = ["LockKeeper", "describe_holder", "lock_queues", "unlock"]
+__all__ = ["LockKeeper", "describe_holder", "holder_connection", "lock_queues", "unlock"]
 
 log = logging.getLogger(__name__)
 
@@ -34,13 +41,14 @@ log = logging.getLogger(__name__)
 # taken again (or found taken by another client) before a task waiting for it gives up.
 MAX_RENEW_S = 5.0
 _MIN_RENEW_S = 0.05
+_RENEW_CALL_S = 4.0  # one renewal call's deadline: a group failing over is tried again next round
 
 _ADVICE = ("Another live consumer of the group reads them: stop it, use another consumerGroup, or raise the "
            "option lockTimeoutMs to wait for its lease to expire.")
 
 
 def lock_queues(
-    conn: BrokerConnection, group: str, client_id: str, queues: Iterable[QueueRef], timeout_ms: int
+    conn: Connection, group: str, client_id: str, queues: Iterable[QueueRef], timeout_ms: int
 ) -> dict[QueueRef, int]:
     """Lock (or renew) ``queues`` for ``client_id``; ``{queue: epoch}``.
 
@@ -50,11 +58,17 @@ def lock_queues(
     return locking.lock_queues(conn, group, client_id, queues, timeout_ms / 1000, advice=_ADVICE)
 
 
-def describe_holder(conn: BrokerConnection, group: str, ref: QueueRef) -> pb.QueueLock | None:
+def describe_holder(conn: Connection, group: str, ref: QueueRef) -> pb.QueueLock | None:
     """The live lock of queue ``ref`` in ``group`` (holder, epoch, lease end), or None when free."""
     topic, queue_id = ref
-    locks = conn.call("QueryLocks", pb.QueryLocksRequest(group=group, topic=topic)).locks
+    request = pb.QueryLocksRequest(group=group, topic=topic)
+    locks = holder_connection(conn, ref).call("QueryLocks", request).locks
     return next((lock for lock in locks if lock.queue_id == queue_id and lock.client_id), None)
+
+
+def holder_connection(conn: Connection, ref: QueueRef) -> BrokerConnection:
+    """The connection to the broker that grants the lock of ``ref``: in a cluster its group's master."""
+    return group_connection(conn, group_of(conn, ref))
 
 
 class LockKeeper:
@@ -62,7 +76,8 @@ class LockKeeper:
 
     Parameters
     ----------
-    conn : BrokerConnection
+    conn : BrokerConnection or RoutedConnection
+        A single broker's, or a cluster's (locks are then taken and renewed per broker group).
     group, client_id : str
     timeout_ms : int
         How long to wait for a queue held by another client (option lockTimeoutMs).
@@ -73,7 +88,7 @@ class LockKeeper:
     Not picklable on purpose: it lives in the driver-side reader process only.
     """
 
-    def __init__(self, conn: BrokerConnection, group: str, client_id: str, timeout_ms: int,
+    def __init__(self, conn: Connection, group: str, client_id: str, timeout_ms: int,
                  left_at: Callable[[QueueRef], int | None] = lambda ref: None) -> None:
         self.conn = conn
         self.group = group
@@ -84,7 +99,7 @@ class LockKeeper:
         self._fenced: dict[QueueRef, FencedError] = {}
         self._mutex = threading.Lock()
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._threads: dict[str, threading.Thread] = {}  # renewal, per broker group
         self.on_change: Callable[[dict[QueueRef, int]], None] = lambda epochs: None
 
     def epochs(self, queues: Iterable[QueueRef]) -> dict[QueueRef, int]:
@@ -164,19 +179,30 @@ class LockKeeper:
         self.on_change(epochs)
 
     def _start_renewal(self) -> None:
-        if self._thread is not None:
-            return
-        self._thread = threading.Thread(target=self._renew_loop, name="orderlymq-lock-renewal", daemon=True)
-        self._thread.start()
+        """One renewal thread per broker group: a group failing over (its master gone until a
+        slave takes over) delays the renewal of its own locks only."""
+        with self._mutex:
+            held = list(self._epochs)
+        for group in by_group(self.conn, held):
+            if group not in self._threads:
+                name = f"orderlymq-lock-renewal-{group}" if group else "orderlymq-lock-renewal"
+                thread = threading.Thread(target=self._renew_loop, args=(group,), name=name, daemon=True)
+                self._threads[group] = thread
+                thread.start()
 
-    def _renew_loop(self) -> None:
+    def _renew_loop(self, group: str) -> None:
         wait = 0.0
         while not self._stop.wait(wait):
-            lease_s = self.renew()
+            try:
+                lease_s = self.renew(group)
+            except OrderlyMQError as exc:  # the route could not be read: try again next round
+                log.warning("renewing queue locks of %s failed: %s", self.client_id, exc)
+                lease_s = None
             wait = MAX_RENEW_S if lease_s is None else min(MAX_RENEW_S, max(_MIN_RENEW_S, lease_s / 3))
 
-    def renew(self) -> float | None:
-        """Renew every held lock once; the shortest lease granted, in seconds (None if unknown).
+    def renew(self, group: str | None = None) -> float | None:
+        """Renew every held lock (of broker group ``group`` only, when given) once; the shortest
+        lease granted, in seconds (None if unknown).
 
         An epoch that changed, or a lock not granted, is settled by the rule of the module
         docstring: adopted with a warning, or the queue is fenced.
@@ -184,14 +210,26 @@ class LockKeeper:
         with self._mutex:
             held = dict(self._epochs)
         lease_s: float | None = None
+        for in_group, refs in by_group(self.conn, held).items():
+            if group is None or in_group == group:
+                shortest = self._renew_group(in_group, {ref: held[ref] for ref in refs})
+                if shortest is not None:
+                    lease_s = shortest if lease_s is None else min(lease_s, shortest)
+        return lease_s
+
+    def _renew_group(self, group: str, held: dict[QueueRef, int]) -> float | None:
+        conn = group_connection(self.conn, group)
+        lease_s: float | None = None
         for topic, ids in locking.queues_by_topic(held).items():
             try:
-                response = self.conn.call(
+                response = conn.call(
                     "LockBatch",
                     pb.LockBatchRequest(group=self.group, client_id=self.client_id, topic=topic, queue_ids=ids),
+                    deadline=time.monotonic() + _RENEW_CALL_S,
                 )
             except OrderlyMQError as exc:
-                log.warning("renewing queue locks of %s for %s failed: %s", topic, self.client_id, exc)
+                where = f"{topic} on broker group {group}" if group else topic
+                log.warning("renewing queue locks of %s for %s failed: %s", where, self.client_id, exc)
                 continue
             granted = {lock.queue_id: lock for lock in response.locked}
             now_ms = time.time() * 1000
@@ -213,28 +251,29 @@ class LockKeeper:
     def release(self) -> bool:
         """Stop renewing and unlock every queue taken; whether the broker confirmed every unlock."""
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)  # so that no renewal takes a lock again after the unlock
+        for thread in list(self._threads.values()):
+            thread.join(timeout=_RENEW_CALL_S + 1)  # so that no renewal takes a lock again after the unlock
         with self._mutex:
             held = sorted(set(self._epochs) | set(self._fenced))
             self._epochs, self._fenced = {}, {}
         return unlock(self.conn, self.group, self.client_id, held)
 
 
-def unlock(conn: BrokerConnection, group: str, client_id: str, queues: Iterable[QueueRef]) -> bool:
+def unlock(conn: Connection, group: str, client_id: str, queues: Iterable[QueueRef]) -> bool:
     """``UnlockBatch`` of ``queues`` for ``client_id`` (queues it does not hold are left alone).
 
     Returns whether every call succeeded (a failure is logged: the lease expires anyway).
     """
     done = True
-    for topic, ids in locking.queues_by_topic(queues).items():
-        try:
-            conn.call(
-                "UnlockBatch",
-                pb.UnlockBatchRequest(group=group, client_id=client_id, topic=topic, queue_ids=ids),
-                retry=False,
-            )
-        except OrderlyMQError as exc:
-            done = False
-            log.warning("unlocking queues of %s for %s failed (the lease will expire): %s", topic, client_id, exc)
+    for broker_group, refs in by_group(conn, queues).items():  # one group down leaves the others' unlocks
+        for topic, ids in locking.queues_by_topic(refs).items():
+            try:
+                group_connection(conn, broker_group).call(
+                    "UnlockBatch",
+                    pb.UnlockBatchRequest(group=group, client_id=client_id, topic=topic, queue_ids=ids),
+                    retry=False,
+                )
+            except OrderlyMQError as exc:
+                done = False
+                log.warning("unlocking queues of %s for %s failed (the lease will expire): %s", topic, client_id, exc)
     return done

@@ -1,6 +1,9 @@
 """What the connector asks the broker before reading or writing: routes, queue bounds, and the
 translation of ``startingOffsets`` / ``endingOffsets`` / timestamps into per-queue positions.
 
+In a cluster (docs/cluster.md) a topic's route also says which broker group holds each queue
+(``placement``); a ``RoutedConnection`` sends each queue's calls there.
+
 Errors name the option that led to the request and how to fix it.
 """
 
@@ -11,10 +14,12 @@ from collections.abc import Iterable
 
 from broker.wire.errors import BrokerUnavailableError, InvalidOptionError, TopicNotFoundError
 from connector.client.connection import BrokerConnection, pb
+from connector.client.routed import RoutedConnection
 from connector.spark.offsets import Positions, QueueRef
 from connector.spark.options import EARLIEST, LATEST, OffsetSpec
 
-__all__ = ["QueueBounds", "all_queues", "describe_topics", "queue_bounds", "resolve_positions"]
+__all__ = ["Connection", "QueueBounds", "all_queues", "by_group", "describe_topics", "group_connection", "group_of",
+           "placement", "queue_bounds", "resolve_positions"]
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +34,8 @@ def describe_topics(
     for topic in topics:
         try:
             routes[topic] = conn.call("DescribeTopic", pb.DescribeTopicRequest(topic=topic))
+            if isinstance(conn, RoutedConnection):
+                conn.routes.remember(routes[topic])  # its calls on the topic's queues need no second read
         except TopicNotFoundError:
             raise TopicNotFoundError(
                 f"topic {topic!r} (option '{option}') does not exist on broker {conn.address}: create it first, "
@@ -43,6 +50,38 @@ def describe_topics(
 
 def all_queues(routes: dict[str, pb.TopicRoute]) -> list[QueueRef]:
     return [(topic, q) for topic, route in sorted(routes.items()) for q in range(route.queue_count)]
+
+
+Connection = BrokerConnection | RoutedConnection  # a single broker's, or a cluster's routed by queue
+
+
+def group_of(conn: Connection, ref: QueueRef) -> str:
+    """The broker group holding queue ``ref`` ("" on a single broker)."""
+    if not isinstance(conn, RoutedConnection) or conn.routes.clustered is False:
+        return ""
+    return conn.routes.route(ref[0]).group_of(ref[1])
+
+
+def by_group(conn: Connection, queues: Iterable[QueueRef]) -> dict[str, list[QueueRef]]:
+    """``queues`` (sorted) by the broker group holding them; all under "" on a single broker."""
+    out: dict[str, list[QueueRef]] = {}
+    for ref in sorted(set(queues)):
+        out.setdefault(group_of(conn, ref), []).append(ref)
+    return out
+
+
+def group_connection(conn: Connection, group: str) -> BrokerConnection:
+    """The connection to broker group ``group``'s master ("": the single broker)."""
+    return conn.for_group(group) if isinstance(conn, RoutedConnection) else conn
+
+
+def placement(route: pb.TopicRoute, queue_id: int) -> tuple[str, tuple[str, ...]]:
+    """Where queue ``queue_id`` of a topic lives: its broker group's name and every live broker of
+    the group, master first (a cluster), or the broker's name and ``()`` (a single broker)."""
+    for group in route.groups:
+        if queue_id in group.queue_ids:
+            return group.broker_name, tuple(group.addresses)
+    return route.broker_name, ()
 
 
 def queue_bounds(conn: BrokerConnection, ref: QueueRef, timestamp: int | None = None) -> tuple[int, int, int]:

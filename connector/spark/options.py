@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import difflib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from broker.wire.errors import InvalidOptionError
 from connector.client.connection import BrokerConnection, parse_brokers
+from connector.client.routed import RoutedConnection
 from connector.spark.security import SECURITY_OPTIONS, ConnectionSecurity
 
 __all__ = [
@@ -246,10 +247,18 @@ class SourceOptions:
     group_offset_conflict: str = "fail"
     security: ConnectionSecurity = field(default_factory=ConnectionSecurity)
 
-    def connect(self) -> BrokerConnection:
-        """A connection whose calls, and retries while the broker is down, last up to ``pollTimeoutMs``."""
+    def connect(self) -> RoutedConnection:
+        """A connection to the broker or cluster (each queue's calls go to its group's master) whose
+        calls, and retries while a broker is down, last up to ``pollTimeoutMs``."""
         seconds = self.poll_timeout_ms / 1000
-        return BrokerConnection(self.brokers, timeout=seconds, retry_timeout=seconds, **self.security.connect_kwargs())
+        return RoutedConnection(self.brokers, timeout=seconds, retry_timeout=seconds, **self.security.connect_kwargs())
+
+    def connect_direct(self, addresses: Sequence[str] = ()) -> BrokerConnection:
+        """A plain connection to ``addresses`` (a broker group, which it follows to its master by
+        itself), or to ``brokers`` (a single broker); calls last up to ``pollTimeoutMs``."""
+        seconds = self.poll_timeout_ms / 1000
+        return BrokerConnection(",".join(addresses) or self.brokers, timeout=seconds, retry_timeout=seconds,
+                                **self.security.connect_kwargs())
 
     @classmethod
     def from_options(cls, mapping: Mapping[str, Any], *, streaming: bool = True) -> SourceOptions:
@@ -356,7 +365,12 @@ class SinkOptions:
     transaction_timeout_ms: int = 0
     security: ConnectionSecurity = field(default_factory=ConnectionSecurity)
 
-    def connect(self) -> BrokerConnection:
+    def connect(self) -> RoutedConnection:
+        """A connection to the broker or cluster (each queue's sends go to its group's master)."""
+        return RoutedConnection(self.brokers, **self.security.connect_kwargs())
+
+    def connect_direct(self) -> BrokerConnection:
+        """A plain connection to ``brokers`` (a single broker)."""
         return BrokerConnection(self.brokers, **self.security.connect_kwargs())
 
     @classmethod

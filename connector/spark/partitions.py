@@ -6,7 +6,9 @@ the query's consumer identity and the fencing epoch the driver held when it plan
 the task pulls with that epoch and takes no lock itself. When the broker refuses the epoch (the
 lock was lost), the task goes on only if the driver holds the queue again and the group's
 offsets show that nobody else consumed it (``connector.spark.group_offsets``); otherwise the
-batch fails with a ``FencedError`` naming the other client.
+batch fails with a ``FencedError`` naming the other client. In a cluster a partition names the
+broker group holding its queue and the group's brokers, which the task asks directly: a failover
+of that group is the same case (the new master refuses the old epoch until the driver locks again).
 """
 
 from __future__ import annotations
@@ -46,7 +48,10 @@ class DataLossError(OffsetOutOfRangeError):
 class QueuePartition(InputPartition):
     """Read ``[start, end)`` of queue ``topic/queue_id``.
 
-    A locked (streaming) read sets ``client_id`` and the lock ``epoch`` planned by the driver.
+    ``broker`` is the broker's name, in a cluster the name of the group holding the queue, and
+    ``addresses`` that group's brokers (master first; empty on a single broker): the task asks
+    them directly and follows the group's master through a failover. A locked (streaming) read
+    sets ``client_id`` and the lock ``epoch`` planned by the driver (an epoch of that group).
     """
 
     topic: str
@@ -56,11 +61,12 @@ class QueuePartition(InputPartition):
     end: int
     client_id: str | None = None
     epoch: int = 0
+    addresses: tuple[str, ...] = ()
 
 
 def read_partition(options: SourceOptions, partition: QueuePartition, target: pa.Schema) -> Iterator[pa.RecordBatch]:
     """The messages of ``partition`` in queue order as record batches of ``target``."""
-    conn = options.connect()
+    conn = options.connect_direct(partition.addresses)
     try:
         with ThreadPoolExecutor(1, thread_name_prefix="orderlymq-prefetch") as prefetch:
             yield from _pull_range(conn, options, partition, target, prefetch)

@@ -146,14 +146,12 @@ class OrderlyMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         ranges = [(ref, begin.get(ref, 0), stop) for ref, stop in sorted(finish.items()) if stop > begin.get(ref, 0)]
         state.commit(begin)
         epochs = state.locks.epochs(ref for ref, _, _ in ranges)
-        if not state.broker_name:
-            state.queues()
-        broker = state.broker_name
-        return [
-            QueuePartition(topic=t, broker=broker, queue_id=q, start=lo, end=hi, client_id=client_id,
-                           epoch=epochs[(t, q)])
-            for (t, q), lo, hi in ranges
-        ]
+        planned = []
+        for (t, q), lo, hi in ranges:
+            broker, addresses = state.placement((t, q))
+            planned.append(QueuePartition(topic=t, broker=broker, queue_id=q, start=lo, end=hi, client_id=client_id,
+                                          epoch=epochs[(t, q)], addresses=addresses))
+        return planned
 
     def commit(self, end: dict) -> None:
         spark_end = positions_of(end)

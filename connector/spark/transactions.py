@@ -22,6 +22,15 @@ long outage) was never visible, so the replay's transaction of that partition, w
 same rows, takes its place. After a commit the group ``spark-sink/<query id>`` stores the log
 position of that batch's plan (the last batch that can still be replayed), so a lookup reads only
 the plans written since.
+
+In a cluster (docs/cluster.md) a task's rows go to queues of several broker groups, and each
+group's master holds its own transactions: a task's transaction has one part per group it wrote
+to, and the plan lists ``(partition, broker group, transaction id)`` for every part. Committed,
+replayed and substituted part by part, the plan is made visible exactly on every group (a
+``CommitTxn`` of a committed id is a no-op on its group; a part aborted by timeout is replaced
+by the replay's part of the same partition and group). The parts of a batch are committed one
+after the other, so a reader may see some groups' parts of a batch before the others', as
+within one broker it may see some partitions' before the others'.
 """
 
 from __future__ import annotations
@@ -35,7 +44,9 @@ import pyarrow.compute as pc
 
 from broker.wire import codec
 from broker.wire.errors import OffsetOutOfRangeError, OrderlyMQError, PermissionDeniedError, TransactionError
-from connector.client.connection import BrokerConnection, pb
+from connector.client.connection import pb
+from connector.client.routed import RoutedConnection
+from connector.spark.metadata import Connection, group_connection
 
 __all__ = ["SINK_LOG_TOPIC", "abort_all", "commit_batch", "task_txn_id"]
 
@@ -49,7 +60,7 @@ def task_txn_id(query_id: str, batch_id: int, partition: int, task_attempt: int,
     return f"spark-sink/{query_id}/{batch_id}/{partition}/{task_attempt}.{attempt}/{uuid.uuid4().hex[:12]}"
 
 
-def _ensure_sink_log(conn: BrokerConnection) -> None:
+def _ensure_sink_log(conn: Connection) -> None:
     """Create the sink log if missing; a user without admin rights (access control) may still use
     one an administrator created."""
     try:
@@ -65,26 +76,29 @@ def _log_group(query_id: str) -> str:
     return f"spark-sink/{query_id}"
 
 
-def abort_all(conn: BrokerConnection, txn_ids: list[str]) -> None:
-    """Abort transactions, best effort (an abandoned one is aborted by the broker's timeout)."""
-    for txn_id in txn_ids:
+def abort_all(conn: Connection, parts: list[tuple[str, str]]) -> None:
+    """Abort ``(broker group, transaction id)`` parts, best effort (an abandoned one is aborted by
+    the broker's timeout)."""
+    for group, txn_id in parts:
         try:
-            conn.call("AbortTxn", pb.AbortTxnRequest(txn_id=txn_id))
+            group_connection(conn, group).call("AbortTxn", pb.AbortTxnRequest(txn_id=txn_id))
         except OrderlyMQError as exc:
             log.warning("aborting transaction %s failed (the broker's timeout will abort it): %s", txn_id, exc)
 
 
 def commit_batch(
-    conn: BrokerConnection, query_id: str, batch_id: int, txns: list[tuple[int, str]], *, replayable: bool
+    conn: Connection, query_id: str, batch_id: int, txns: list[tuple[int, str, str]], *, replayable: bool
 ) -> int:
     """Commit the batch ``batch_id`` of ``query_id`` once; the number of rows made visible now.
 
-    ``txns`` are this attempt's ``(partition, transaction id)``. With ``replayable`` (a streaming
-    query) a plan recorded by an earlier attempt of the batch wins, as explained above.
+    ``txns`` are this attempt's ``(partition, broker group, transaction id)``. With ``replayable``
+    (a streaming query) a plan recorded by an earlier attempt of the batch wins, as explained above.
     """
     txns = sorted(txns)
+    if isinstance(conn, RoutedConnection) and any(group for _, group, _ in txns):
+        conn.groups()  # learn every group: a plan may name groups no route read by this process holds
     if not replayable:
-        return sum(_commit(conn, txn_id) for _, txn_id in txns)
+        return sum(_commit(conn, group, txn_id) for _, group, txn_id in txns)
     _ensure_sink_log(conn)
     found = _find_plan(conn, query_id, batch_id)
     if found is None:
@@ -92,28 +106,30 @@ def commit_batch(
     else:
         plan, position = found
         log.info("batch %d of query %s was planned before (replay): committing that plan", batch_id, query_id)
-    mine = dict(txns)
+    mine = {(partition, group): txn_id for partition, group, txn_id in txns}
     committed, used = 0, set()
-    for partition, txn_id in plan:
+    for partition, group, txn_id in plan:
         try:
-            committed += _commit(conn, txn_id)
-            used.add(txn_id)
+            committed += _commit(conn, group, txn_id)
+            used.add((group, txn_id))
         except TransactionError:
-            substitute = mine.get(partition)
+            substitute = mine.get((partition, group))
             if substitute is None:
                 raise TransactionError(
                     f"batch {batch_id} of query {query_id}: planned transaction {txn_id} of partition {partition} "
-                    "was aborted by the broker before it could be committed, and this run has no rows for that "
-                    "partition to replace it; the input is not replayable. Rerun with a new checkpointLocation"
+                    f"{_on_group(group)}was aborted by the broker before it could be committed, and this run has no "
+                    "rows for that partition there to replace it; the input is not replayable. Rerun with a new "
+                    "checkpointLocation"
                 ) from None
             log.warning(
-                "planned transaction %s was aborted by the broker; committing %s (same partition, same rows)",
+                "planned transaction %s %swas aborted by the broker; committing %s (same partition, same rows)",
                 txn_id,
+                _on_group(group),
                 substitute,
             )
-            committed += _commit(conn, substitute)
-            used.add(substitute)
-    abort_all(conn, [txn_id for _, txn_id in txns if txn_id not in used])
+            committed += _commit(conn, group, substitute)
+            used.add((group, substitute))
+    abort_all(conn, [(group, txn_id) for _, group, txn_id in txns if (group, txn_id) not in used])
     # Batches before this one can no longer be replayed (Spark recorded them as done before it
     # started this one); this one can, until Spark records it: later lookups start at its plan.
     conn.call(
@@ -123,12 +139,16 @@ def commit_batch(
     return committed
 
 
-def _commit(conn: BrokerConnection, txn_id: str) -> int:
-    response = conn.call("CommitTxn", pb.CommitTxnRequest(txn_id=txn_id))
+def _on_group(group: str) -> str:
+    return f"on broker group {group} " if group else ""
+
+
+def _commit(conn: Connection, group: str, txn_id: str) -> int:
+    response = group_connection(conn, group).call("CommitTxn", pb.CommitTxnRequest(txn_id=txn_id))
     return 0 if response.already_committed else response.count
 
 
-def _record_plan(conn: BrokerConnection, query_id: str, batch_id: int, txns: list[tuple[int, str]]) -> int:
+def _record_plan(conn: Connection, query_id: str, batch_id: int, txns: list[tuple[int, str, str]]) -> int:
     body = json.dumps({"query": query_id, "batch": batch_id, "txns": txns}).encode()
     table = pa.table(
         {
@@ -147,7 +167,7 @@ def _record_plan(conn: BrokerConnection, query_id: str, batch_id: int, txns: lis
     return conn.call("Send", request).base_offset
 
 
-def _find_plan(conn: BrokerConnection, query_id: str, batch_id: int) -> tuple[list[tuple[int, str]], int] | None:
+def _find_plan(conn: Connection, query_id: str, batch_id: int) -> tuple[list[tuple[int, str, str]], int] | None:
     """The plan of ``batch_id`` and its log offset, if an earlier attempt recorded one."""
     start = conn.call(
         "GetOffset", pb.GetOffsetRequest(group=_log_group(query_id), topic=SINK_LOG_TOPIC, queue_id=0)
@@ -167,7 +187,15 @@ def _find_plan(conn: BrokerConnection, query_id: str, batch_id: int) -> tuple[li
         ):
             plan = json.loads(body)
             if plan.get("batch") == batch_id:
-                return [(int(p), str(t)) for p, t in plan["txns"]], position
+                return [_planned_part(entry) for entry in plan["txns"]], position
         if response.next_offset <= offset or response.next_offset >= response.max_offset:
             return None
         offset = response.next_offset
+
+
+def _planned_part(entry: list) -> tuple[int, str, str]:
+    """``(partition, broker group, transaction id)`` of a plan entry; plans written before
+    clusters hold ``(partition, transaction id)``, of the single broker."""
+    if len(entry) == 2:
+        return int(entry[0]), "", str(entry[1])
+    return int(entry[0]), str(entry[1]), str(entry[2])

@@ -9,11 +9,16 @@ visible by the driver's commit in partition order (``connector.spark.transaction
 attempt leaves nothing visible, a replayed batch is committed once. Without it the task sends
 directly (at-least-once, still ordered within the task) with idempotent-producer sequence numbers,
 so a retried send is stored once.
+
+In a cluster each queue's rows go to the master of the broker group holding it, and a task's
+transaction has one part per group (``_StagingSender``); a group's failover is followed by
+resending (idempotent sends) or by staging the group's part again (staged sends).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -29,8 +34,9 @@ from pyspark.sql.datasource import (
 )
 
 from broker.wire import codec
-from broker.wire.errors import BadBatchError, TopicGrewError, TransactionError
+from broker.wire.errors import BadBatchError, BrokerUnavailableError, TopicGrewError, TransactionError
 from connector.client.connection import BrokerConnection, pb
+from connector.client.routed import RoutedConnection
 from connector.spark import metadata
 from connector.spark.handoff import advance_group_offsets
 from connector.spark.options import SinkOptions
@@ -48,12 +54,14 @@ BATCH_ID_PROPERTY = "streaming.sql.batchId"
 
 @dataclass(frozen=True)
 class SinkCommitMessage(WriterCommitMessage):
-    """What a task reports: its transaction (None without exactlyOnce or rows) and row count."""
+    """What a task reports: its transaction, as ``(broker group, transaction id)`` per group it
+    staged rows on (one ``("", id)`` on a single broker; none without exactlyOnce or rows), and
+    its row count."""
 
     query_id: str
     batch_id: int
     partition_id: int
-    txn_id: str | None
+    parts: tuple[tuple[str, str], ...]
     rows: int
 
 
@@ -82,7 +90,10 @@ class _OrderlyMQWriterMixin:
         task_attempt, attempt = (ctx.taskAttemptId(), ctx.attemptNumber()) if ctx else (0, 0)
         txn_id = task_txn_id(query_id, batch_id, partition, task_attempt, attempt)
         conn = self.options.connect()
-        sender = _Sender(conn, self.options, txn_id if self.options.exactly_once else None, producer_id=txn_id)
+        if self.options.exactly_once:
+            sender: _Sender = _StagingSender(conn, self.options, txn_id)
+        else:
+            sender = _Sender(conn, self.options, producer_id=txn_id)
         try:
             router = _Router(conn, self.options, self.columns, self.queue_counts)
             for batch in iterator:
@@ -90,12 +101,10 @@ class _OrderlyMQWriterMixin:
                     for topic, queue_id, table in router.route(batch):
                         sender.add(topic, queue_id, table)
             sender.flush_all()
-            return SinkCommitMessage(
-                query_id, batch_id, partition, sender.txn_id if sender.began else None, sender.rows
-            )
+            sender.drop_abandoned()
+            return SinkCommitMessage(query_id, batch_id, partition, sender.parts(), sender.rows)
         except BaseException:
-            if sender.began:
-                abort_all(conn, [txn_id])
+            sender.drop_all()
             raise
         finally:
             conn.close()
@@ -104,19 +113,23 @@ class _OrderlyMQWriterMixin:
 
     def _commit(self, messages: list[SinkCommitMessage | None], batch_id: int) -> None:
         done = [m for m in messages if m is not None]
-        txns = [(m.partition_id, m.txn_id) for m in done if m.txn_id]
+        txns = [(m.partition_id, group, txn_id) for m in done for group, txn_id in m.parts]
         if not txns:
             return
-        with self.options.connect() as conn:
+        with self._driver_connection(txns) as conn:
             rows = commit_batch(conn, done[0].query_id, batch_id, txns, replayable=self.streaming)
-        log.info("committed batch %d: %d row(s) from %d task(s)", batch_id, rows, len(txns))
+        log.info("committed batch %d: %d row(s) from %d task(s)", batch_id, rows, len({p for p, _, _ in txns}))
 
     def _abort(self, messages: list[SinkCommitMessage | None], batch_id: int) -> None:
-        txns = [m.txn_id for m in messages if m is not None and m.txn_id]
-        if txns:
-            with self.options.connect() as conn:
-                abort_all(conn, txns)
-        log.warning("aborted batch %d: %d staged transaction(s) dropped", batch_id, len(txns))
+        parts = [part for m in messages if m is not None for part in m.parts]
+        if parts:
+            with self._driver_connection([(0, group, txn_id) for group, txn_id in parts]) as conn:
+                abort_all(conn, parts)
+        log.warning("aborted batch %d: %d staged transaction(s) dropped", batch_id, len(parts))
+
+    def _driver_connection(self, txns: list[tuple[int, str, str]]):
+        """A single broker's plain connection when every part is on it, else the cluster's."""
+        return self.options.connect() if any(group for _, group, _ in txns) else self.options.connect_direct()
 
 
 class OrderlyMQWriter(_OrderlyMQWriterMixin, DataSourceArrowWriter):
@@ -252,17 +265,17 @@ class _Router:
 
 
 _MAX_BUFFERED_BYTES = 32 * 1024 * 1024  # a task's rows held back across all its queues
+_MAX_RESTAGE_BYTES = 256 * 1024 * 1024  # a task's staged payloads kept to stage again after a failover
 
 
 class _Sender:
-    """Sends message tables of one task, in order, staged in ``txn_id`` when given."""
+    """Sends message tables of one task, in order, each queue's to the master of its broker group,
+    with idempotent-producer sequence numbers: a send resent through a failover is stored once."""
 
-    def __init__(self, conn: BrokerConnection, options: SinkOptions, txn_id: str | None, *, producer_id: str) -> None:
+    def __init__(self, conn: RoutedConnection, options: SinkOptions, *, producer_id: str) -> None:
         self.conn = conn
         self.options = options
-        self.txn_id = txn_id
         self.producer_id = producer_id
-        self.began = False
         self.rows = 0
         self._sequence: dict[tuple[str, int], int] = {}
         self._buffers: dict[tuple[str, int], list[pa.Table]] = {}
@@ -291,25 +304,111 @@ class _Sender:
         self.send(key[0], key[1], pa.concat_tables(tables) if len(tables) > 1 else tables[0])
 
     def send(self, topic: str, queue_id: int, table: pa.Table) -> None:
-        if self.txn_id is not None and not self.began:
-            state = self.conn.call(
-                "BeginTxn", pb.BeginTxnRequest(txn_id=self.txn_id, timeout_ms=self.options.transaction_timeout_ms)
-            ).state
-            if state != "OPEN":
-                raise TransactionError(f"transaction {self.txn_id} is {state}, expected a new OPEN transaction")
-            self.began = True
         for chunk in _chunks(table, self.options.max_batch_bytes):
-            request = pb.SendRequest(topic=topic, queue_id=queue_id, batch=codec.encode(chunk))
-            if self.txn_id is not None:
-                request.txn_id = self.txn_id
-                # A staged send is not deduplicated: never resend it blindly; the task fails instead.
-                self.conn.call("Send", request, retry=False)
-            else:
-                sequence = self._sequence.get((topic, queue_id), 0)
-                request.producer_id, request.sequence = self.producer_id, sequence
-                self.conn.call("Send", request)
-                self._sequence[(topic, queue_id)] = sequence + 1
+            self._send_chunk(topic, queue_id, codec.encode(chunk))
             self.rows += chunk.num_rows
+
+    def _send_chunk(self, topic: str, queue_id: int, payload: bytes) -> None:
+        sequence = self._sequence.get((topic, queue_id), 0)
+        request = pb.SendRequest(topic=topic, queue_id=queue_id, batch=payload, producer_id=self.producer_id,
+                                 sequence=sequence)
+        self.conn.call("Send", request)
+        self._sequence[(topic, queue_id)] = sequence + 1
+
+    def parts(self) -> tuple[tuple[str, str], ...]:
+        return ()  # nothing to commit: every send is visible already
+
+    def drop_abandoned(self) -> None:
+        pass
+
+    def drop_all(self) -> None:
+        pass
+
+
+class _StagingSender(_Sender):
+    """Stages the task's rows in its transaction: one part per broker group it writes to (each
+    group's master holds its own transactions), begun on first use.
+
+    A staged send is not deduplicated by the broker, so one whose outcome is unknown (the group's
+    master died or stepped down before answering) is never resent into the same part: the part
+    is abandoned (aborted, never committed) and replaced by a new transaction on the group's new
+    master, into which everything the task staged on that group is staged again, in order. That
+    needs the staged payloads kept until the task ends (up to ``_MAX_RESTAGE_BYTES`` per task;
+    past it a failover fails the task, and Spark's retry stages it anew).
+    """
+
+    def __init__(self, conn: RoutedConnection, options: SinkOptions, txn_id: str) -> None:
+        super().__init__(conn, options, producer_id=txn_id)
+        self.txn_id = txn_id
+        self._parts: dict[str, _Part] = {}
+        self._abandoned: list[tuple[str, str]] = []
+        self._kept_bytes = 0
+
+    def parts(self) -> tuple[tuple[str, str], ...]:
+        return tuple((group, part.txn_id) for group, part in sorted(self._parts.items()))
+
+    def _send_chunk(self, topic: str, queue_id: int, payload: bytes) -> None:
+        group = metadata.group_of(self.conn, (topic, queue_id))
+        part = self._parts.get(group)
+        if part is None:
+            part = self._parts[group] = _Part(self.conn.for_group(group), self.txn_id)
+            part.begin(self.options.transaction_timeout_ms)
+        give_up = time.monotonic() + self.conn.retry_timeout
+        todo = [(topic, queue_id, payload)]
+        while todo:
+            try:
+                part.stage(*todo[0])
+            except BrokerUnavailableError as exc:
+                if part.kept is None or time.monotonic() > give_up:
+                    raise
+                log.warning("transaction %s: a staged send to broker group %r got no answer (%s); staging its "
+                            "%d earlier send(s) again in a new transaction on the group's master", part.txn_id,
+                            group, exc, len(part.kept))
+                todo = part.kept + todo
+                self._abandoned.append((group, part.txn_id))
+                part.renew(f"{self.txn_id}.r{len(self._abandoned)}", self.options.transaction_timeout_ms)
+                continue
+            self._keep(part, todo.pop(0))
+
+    def _keep(self, part: _Part, item: tuple[str, int, bytes]) -> None:
+        if part.kept is None:
+            return
+        self._kept_bytes += len(item[2])
+        if self._kept_bytes > _MAX_RESTAGE_BYTES:
+            for each in self._parts.values():
+                each.kept = None  # too large to stage again: a failover fails the task instead
+        else:
+            part.kept.append(item)
+
+    def drop_abandoned(self) -> None:
+        abort_all(self.conn, self._abandoned)
+
+    def drop_all(self) -> None:
+        abort_all(self.conn, self._abandoned + list(self.parts()))
+
+
+class _Part:
+    """One broker group's part of a task's transaction: its id and what was staged in it."""
+
+    def __init__(self, conn: BrokerConnection, txn_id: str) -> None:
+        self.conn = conn
+        self.txn_id = txn_id
+        self.kept: list[tuple[str, int, bytes]] | None = []  # staged, acknowledged; None: not kept
+
+    def begin(self, timeout_ms: int) -> None:
+        request = pb.BeginTxnRequest(txn_id=self.txn_id, timeout_ms=timeout_ms)
+        state = self.conn.call("BeginTxn", request).state
+        if state != "OPEN":
+            raise TransactionError(f"transaction {self.txn_id} is {state}, expected a new OPEN transaction")
+
+    def renew(self, txn_id: str, timeout_ms: int) -> None:
+        """Go on in a new transaction ``txn_id`` (begun once the group answers again), empty."""
+        self.txn_id, self.kept = txn_id, []
+        self.begin(timeout_ms)
+
+    def stage(self, topic: str, queue_id: int, payload: bytes) -> None:
+        request = pb.SendRequest(topic=topic, queue_id=queue_id, batch=payload, txn_id=self.txn_id)
+        self.conn.call("Send", request, retry=False)  # never resent blindly: see _StagingSender
 
 
 def _chunks(table: pa.Table, max_bytes: int) -> Iterator[pa.Table]:

@@ -29,6 +29,7 @@ class BrokerGroup:
 
     def __init__(self, root: Path, zookeeper: str, size: int, name: str = "group-a", *,
                  tls: TlsOptions | None = None, credentials: Credentials | None = None, **settings) -> None:
+        self.name = name
         self.tls = tls  # how this harness asks the brokers for their health (secure groups)
         self.metadata = credentials.metadata() if credentials is not None else None
         self.brokers: list[BrokerProcess] = [

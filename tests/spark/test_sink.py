@@ -130,7 +130,7 @@ def _attempt(writer, partition, events):
     bodies = [json.dumps({"key": k, "seq": s}).encode() for k, s in events]
     batch = pa.record_batch([pa.array([k for k, _ in events]), pa.array(bodies, pa.binary())], ["key", "body"])
     m = writer.write(iter([batch]))
-    return type(m)(m.query_id, m.batch_id, partition, m.txn_id, m.rows)
+    return type(m)(m.query_id, m.batch_id, partition, m.parts, m.rows)
 
 
 def test_commit_cut_short_is_finished_by_the_replay(broker, conn, topic_name):
@@ -144,8 +144,9 @@ def test_commit_cut_short_is_finished_by_the_replay(broker, conn, topic_name):
     conn.call(
         "CreateTopic", pb.CreateTopicRequest(topic=transactions.SINK_LOG_TOPIC, queue_count=1, if_not_exists=True)
     )
-    transactions._record_plan(conn, first[0].query_id, 3, [(m.partition_id, m.txn_id) for m in first])
-    conn.call("CommitTxn", pb.CommitTxnRequest(txn_id=first[0].txn_id))
+    transactions._record_plan(conn, first[0].query_id, 3,
+                              [(m.partition_id, group, txn) for m in first for group, txn in m.parts])
+    conn.call("CommitTxn", pb.CommitTxnRequest(txn_id=first[0].parts[0][1]))
     writer.commit([_attempt(writer, 0, part0), _attempt(writer, 1, part1)], 3)
     check_routed_in_order(conn, topic_name, 2, part0 + part1)
 
