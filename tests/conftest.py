@@ -8,11 +8,16 @@ import uuid
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+# No time limit per example: a test judges behaviour, never speed, and the machine may be busy.
+settings.register_profile("orderlymq", deadline=None)
+settings.load_profile("orderlymq")
 
 
 @pytest.fixture

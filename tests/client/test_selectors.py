@@ -86,7 +86,7 @@ keys = st.one_of(
 )
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=150, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(key=keys)
 def test_producer_stores_every_key_in_the_queue_of_queue_for_key(routed, key):
     producer, topic = routed
@@ -98,7 +98,7 @@ def test_producer_stores_every_key_in_the_queue_of_queue_for_key(routed, key):
     assert stored.key == (key.decode() if isinstance(key, bytes) else str(key))
 
 
-@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=50, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(key=st.binary(max_size=30))
 def test_any_binary_key_routes_by_its_raw_bytes(routed, key):
     producer, topic = routed
