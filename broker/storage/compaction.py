@@ -9,21 +9,25 @@ message's store timestamp, which a record header cannot hold, goes in its body
 (``codec.COMPACTED_SCHEMA``), and its header carries the run's last store timestamp, so the
 segment's time bounds and index stay true. Records that are big already are copied as they are.
 
-The owner (``QueueLog.compact``) rewrites only segments that recovery does not read headers from
-(the newest closed segment and the active one rebuild the idempotent producers after a restart),
-writes to a side file and swaps it in by rename; readers holding the old segment keep its file.
+A merged record's header has no producer identity, so the newest results of each producer whose
+records were merged are kept beside the segment (``Segment.write_producers``): after a restart a
+resend of one of them is still recognised. The owner (``QueueLog.compact``) rewrites closed
+segments only, to a side file swapped in by rename; readers holding the old segment keep its file.
 """
 
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
 from pathlib import Path
 
 from broker.storage.record import RecordHeader, frame
 from broker.storage.segment import Segment
 from broker.wire import codec
 
-__all__ = ["SMALL_RECORD_ROWS", "looks_small", "rewrite"]
+__all__ = ["PRODUCER_RESULTS", "SMALL_RECORD_ROWS", "looks_small", "rewrite"]
+
+PRODUCER_RESULTS = 64  # results a queue remembers per producer (QueueLog): the newest are kept aside
 
 SMALL_RECORD_ROWS = 256  # records holding fewer messages than this on average are merged
 _SMALL_RECORD_BYTES = 64 * 1024  # a record at least this big is copied as it is
@@ -43,9 +47,11 @@ def looks_small(segment: Segment) -> bool:
     return records > 1 and rows < SMALL_RECORD_ROWS * records
 
 
-def rewrite(segment: Segment, target: Path) -> tuple[int, int]:
+def rewrite(segment: Segment, target: Path) -> tuple[int, int, list[RecordHeader]]:
     """Write ``segment``'s records to ``target`` with small adjacent ones merged, and fsync it;
-    returns (records read, records written)."""
+    returns (records read, records written, the headers of merged records that carried a producer,
+    its last ``PRODUCER_RESULTS`` per producer: what recovery needs to recognise resends)."""
+    producers: dict[int, OrderedDict[int, RecordHeader]] = {}
     run: list[tuple[RecordHeader, bytes]] = []
     run_rows = run_bytes = read = written = 0
     with open(target, "wb") as out:
@@ -67,13 +73,18 @@ def rewrite(segment: Segment, target: Path) -> tuple[int, int]:
                 continue
             if run_rows + header.count > _MAX_ROWS or run_bytes + len(body) > _MAX_BYTES:
                 flush()
+            if header.producer_hash:
+                kept = producers.setdefault(header.producer_hash, OrderedDict())
+                kept[header.sequence] = header
+                if len(kept) > PRODUCER_RESULTS:
+                    kept.popitem(last=False)
             run.append((header, body))
             run_rows += header.count
             run_bytes += len(body)
         flush()
         out.flush()
         os.fsync(out.fileno())
-    return read, written
+    return read, written, [h for kept in producers.values() for h in kept.values()]
 
 
 def _merged(run: list[tuple[RecordHeader, bytes]]) -> bytes:

@@ -37,7 +37,7 @@ __all__ = ["AppendResult", "QueueLog", "ReadResult"]
 log = logging.getLogger(__name__)
 
 _MAX_PRODUCERS = 10_000  # idempotence state kept per queue (least recently used dropped)
-_MAX_RESULTS_PER_PRODUCER = 64
+_MAX_RESULTS_PER_PRODUCER = compaction.PRODUCER_RESULTS
 
 
 @dataclass(frozen=True)
@@ -95,6 +95,9 @@ class QueueLog:
     def _open_segments(self) -> list[Segment]:
         for side in self.directory.glob("*.compact"):  # a compaction a crash interrupted: the log is intact
             side.unlink()
+        for kept in self.directory.glob("*.producers"):  # of a segment retention deleted before a crash
+            if not kept.with_suffix(".log").exists():
+                kept.unlink()
         paths = sorted(self.directory.glob("*.log"))
         segments = [Segment(p, int(p.stem), self.index_interval_bytes) for p in paths]
         if not segments:
@@ -418,10 +421,11 @@ class QueueLog:
 
     def compact(self) -> int:
         """Merge the small records of closed segments (``broker.storage.compaction``); returns how
-        many segments were rewritten. The newest closed segment and the active one are left as
-        they are: recovery rebuilds the idempotent producers from their record headers."""
+        many segments were rewritten. The producers of merged records are kept aside for recovery
+        (``Segment.write_producers``), which rebuilds the idempotent producers of the newest closed
+        segment and the active one; the active one is never merged."""
         rewritten = 0
-        for seg in self.segments[:-2]:
+        for seg in self.segments[:-1]:
             if self._closed:
                 break
             if seg.base_offset in self._examined:
@@ -431,9 +435,14 @@ class QueueLog:
             try:
                 if not compaction.looks_small(seg):
                     continue
-                read, written = compaction.rewrite(seg, side)
-                if written * 2 > read or not self._swap(seg, side):
+                read, written, producers = compaction.rewrite(seg, side)
+                if written * 2 > read:
                     side.unlink(missing_ok=True)
+                    continue
+                seg.write_producers(producers)
+                if not self._swap(seg, side):  # retention or a delete took the segment meanwhile
+                    side.unlink(missing_ok=True)
+                    seg.producers_path.unlink(missing_ok=True)
                     continue
             except (OSError, ValueError, DamagedRecordError) as exc:  # left as it is; reads work either way
                 side.unlink(missing_ok=True)
@@ -485,8 +494,7 @@ class QueueLog:
                     break
                 self.segments.pop(0)
                 removed += oldest.next_offset - oldest.base_offset
-                oldest.path.unlink(missing_ok=True)
-                oldest.index_path.unlink(missing_ok=True)
+                oldest.unlink()
                 self._retired.append(oldest)  # readers may still hold its fd for a moment
         if removed:
             fsync_dir(self.directory)  # else a power cut can bring the deleted segments back

@@ -16,6 +16,7 @@ import contextlib
 import errno
 import logging
 import os
+import struct
 import threading
 from array import array
 from dataclasses import dataclass
@@ -32,6 +33,8 @@ log = logging.getLogger(__name__)
 
 _INDEX_MAGIC = 0x58444E49  # "INDX"
 _READ_AHEAD = 256 * 1024  # bytes read at once when scanning records for a pull
+_PRODUCERS_MAGIC = b"OQMP0001"
+_PRODUCER = struct.Struct("<QqqiQ")  # producer hash, sequence, base offset, count, store timestamp
 
 
 @dataclass(frozen=True)
@@ -310,8 +313,36 @@ class Segment:
         self.index_path.unlink(missing_ok=True)
         self.recover(verify_crc=False)
 
+    @property
+    def producers_path(self) -> Path:
+        return self.path.with_suffix(".producers")
+
+    def write_producers(self, states: list[RecordHeader]) -> None:
+        """Keep the producer identities of records compaction merges (their headers lose them),
+        for recovery: ``producer_states`` yields them first. Durable before the merged file is."""
+        tmp = self.producers_path.with_suffix(".producers.tmp")
+        with open(tmp, "wb") as f:
+            f.write(_PRODUCERS_MAGIC + b"".join(_PRODUCER.pack(h.producer_hash, h.sequence, h.base_offset, h.count,
+                                                                 h.store_ts) for h in states))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.producers_path)
+
+    def _kept_producers(self):
+        try:
+            raw = self.producers_path.read_bytes()
+        except OSError:
+            return
+        if not raw.startswith(_PRODUCERS_MAGIC) or (len(raw) - len(_PRODUCERS_MAGIC)) % _PRODUCER.size:
+            log.warning("%s is damaged: idempotent resends of its records may be stored again", self.producers_path)
+            return
+        for phash, seq, base, count, store_ts in _PRODUCER.iter_unpack(memoryview(raw)[len(_PRODUCERS_MAGIC):]):
+            yield phash, seq, RecordHeader(0, 0, base, count, store_ts, phash, seq)
+
     def producer_states(self):
-        """Yield ``(producer_hash, sequence, header)`` of records with a producer, in order."""
+        """Yield ``(producer_hash, sequence, header)`` of records with a producer, in order: those
+        compaction merged (kept aside), then those whose headers carry them."""
+        yield from self._kept_producers()
         position = 0
         while position < self.size:
             raw = os.pread(self.fd, HEADER.size, position)
@@ -324,5 +355,10 @@ class Segment:
 
     def delete(self) -> None:
         self.close()
+        self.unlink()
+
+    def unlink(self) -> None:
+        """Remove the segment's files (the log, its index, its merged records' producers)."""
         self.path.unlink(missing_ok=True)
         self.index_path.unlink(missing_ok=True)
+        self.producers_path.unlink(missing_ok=True)
