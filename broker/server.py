@@ -326,6 +326,8 @@ class RunningBroker:
         self._stop_event.set()
         if self.send_port is not None:
             self._loop.call(self.send_port.close())
+        if self.service.cluster is not None:  # hand the master's role over before draining the calls
+            self.service.cluster.stop()
         self._loop.call(self.server.stop(grace))
         self._loop.close()
         self._pool.shutdown(wait=True)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -59,9 +60,15 @@ class GroupControl:
         self.broker_id = broker_id
         self.root = f"/orderlymq/{cluster}/groups/{group}"
         self.on_change = on_change
+        self.session_timeout_s = session_timeout_s
+        # Reconnect attempts at most a quarter of a session apart: after an outage, the session
+        # (which a restarted ZooKeeper keeps for a session timeout from its start) is taken back.
         # client_options: TLS and digest user (broker.cluster.zk_security)
-        self.client = KazooClient(hosts=hosts, timeout=session_timeout_s, **(client_options or {}))
+        self.client = KazooClient(hosts=hosts, timeout=session_timeout_s, connection_retry=dict(
+            max_tries=-1, delay=0.05, backoff=2, max_delay=min(1.0, session_timeout_s / 4)), **(client_options or {}))
         self.address = ""
+        self.heard_at = 0.0  # when the last request ZooKeeper answered was sent (time.monotonic())
+        self._heartbeat_sent: float | None = None
         self._session_lost = threading.Event()
         self.client.add_listener(self._on_session)
 
@@ -79,6 +86,37 @@ class GroupControl:
     @property
     def connected(self) -> bool:
         return self.client.state == KazooState.CONNECTED
+
+    def session_alive_until(self, fraction: float) -> float:
+        """Before this moment (``time.monotonic()``) ZooKeeper cannot have expired this broker's
+        session, counting only ``fraction`` of the session timeout: it expires a session a session
+        timeout after it last heard from it, and it heard from it after ``heard_at``, when a
+        request it answered was sent. 0 once the session was lost, until ``renew_if_lost``. (The
+        server must grant the timeout asked for: ``zk_session_timeout_ms`` within its min/max.)"""
+        if self._session_lost.is_set():
+            return 0.0
+        return self.heard_at + fraction * self.session_timeout_s
+
+    def heartbeat(self) -> None:
+        """Ask ZooKeeper something small (answered asynchronously) to renew ``heard_at``; at most
+        one question out at a time, one an eighth of a session after the last."""
+        now = time.monotonic()
+        sent = self._heartbeat_sent
+        if not self.connected or (sent is not None and now - sent < self.session_timeout_s) or (
+                now - self.heard_at < self.session_timeout_s / 8):
+            return
+        self._heartbeat_sent = now
+
+        def answered(result) -> None:
+            if self._heartbeat_sent == now:
+                self._heartbeat_sent = None
+            if result.successful():
+                self._heard(now)
+
+        self.client.exists_async(self.root).rawlink(answered)
+
+    def _heard(self, sent: float) -> None:
+        self.heard_at = max(self.heard_at, sent)
 
     def _on_session(self, state: str) -> None:
         if state == KazooState.LOST:
@@ -112,10 +150,13 @@ class GroupControl:
     # -- reading -------------------------------------------------------------------------------
 
     def state(self) -> GroupState | None:
+        sent = time.monotonic()
         try:
             raw, stat = self.client.get(f"{self.root}/state")
         except NoNodeError:
+            self._heard(sent)
             return None
+        self._heard(sent)
         return GroupState.decoded(raw, stat.version)
 
     def master_holder(self) -> int | None:

@@ -8,7 +8,11 @@ epoch ended (the start of the next epoch the master knows of). Whatever it wrote
 (an old master's unreplicated tail) is cut before it fetches anything.
 
 The history is a small JSON file, ``cluster-epochs.json``, written atomically: ``{"epoch": the
-epoch this broker last followed or led, "history": [[epoch, {"topic/queue": start}], ...]}``.
+epoch this broker last followed or led, "caught_up": whether its copy held all its master had at
+least once since it began following it, "history": [[epoch, {"topic/queue": start}], ...]}``.
+Only a broker whose file names the group's current epoch and says ``caught_up`` may campaign: a
+broker that starts on an empty (wiped) data dir may still be in the sync-state set, yet holds
+nothing until it caught up.
 """
 
 from __future__ import annotations
@@ -47,21 +51,29 @@ class EpochHistory:
         self._lock = threading.Lock()
         state = read_json(path, {"epoch": 0, "history": []})
         self.epoch = int(state["epoch"])
+        self.caught_up = bool(state.get("caught_up", True))  # files of older versions: as before
         self.history: list = [[int(e), dict(starts)] for e, starts in state["history"]]
 
     def begin_term(self, epoch: int, starts: dict[str, int]) -> None:
         """This broker is master of ``epoch``, whose queues start at ``starts``."""
         with self._lock:
             self.history = [entry for entry in self.history if entry[0] < epoch] + [[epoch, dict(starts)]]
-            self.epoch = epoch
+            self.epoch, self.caught_up = epoch, True
             self._save()
 
     def follow(self, epoch: int, master_history: list) -> None:
         """This broker now follows the master of ``epoch``, whose history it adopts."""
         with self._lock:
             self.history = [[int(e), dict(s)] for e, s in master_history]
-            self.epoch = epoch
+            self.epoch, self.caught_up = epoch, False
             self._save()
+
+    def mark_caught_up(self) -> None:
+        """This broker's copy held everything its master had when it sent an answer."""
+        with self._lock:
+            if not self.caught_up:
+                self.caught_up = True
+                self._save()
 
     def encoded(self) -> bytes:
         with self._lock:
@@ -69,4 +81,4 @@ class EpochHistory:
 
     def _save(self) -> None:
         self.history = self.history[-_KEPT_EPOCHS:]
-        write_json_atomic(self.path, {"epoch": self.epoch, "history": self.history})
+        write_json_atomic(self.path, {"epoch": self.epoch, "caught_up": self.caught_up, "history": self.history})

@@ -5,6 +5,12 @@ history and cuts from its queues whatever the master never had (``epochs.truncat
 then fetches in a loop: each answer is applied (topics, then records at the offsets they carry,
 then committed offsets) before the next fetch reports the new ends, which acknowledges them.
 It stops when told to (another master, another epoch) and retries a broken stream until then.
+
+Every answer received renews this broker's ``CampaignPromise`` (its master counts on it, see
+``node.py``); a refusal from the master at this epoch (it stepped down) releases it. Records of a
+queue that start past this copy's end mean the master's retention removed what this copy lacks:
+the queue restarts there. Once an answer brought everything the master had, the copy counts as
+caught up (``EpochHistory.caught_up``): only then may this broker campaign.
 """
 
 from __future__ import annotations
@@ -13,18 +19,21 @@ import json
 import logging
 import queue as queue_mod
 import threading
+import time
 
 import grpc
 
 from broker.cluster.epochs import EpochHistory, queue_key, truncation_points
 from broker.cluster.link import ReplicationLink
+from broker.cluster.replication import MAX_RESPONSE_BYTES
 from broker.cluster.txnlog import apply_changes
 from broker.proto import orderlymq_pb2 as pb
 from broker.proto import orderlymq_pb2_grpc as pb_grpc
 from broker.service import BrokerService
-from broker.wire.errors import OrderlyMQError
+from broker.storage.record import HEADER, parse_header
+from broker.wire.errors import NotMasterError, OrderlyMQError, from_rpc_error
 
-__all__ = ["ReplicaFetcher"]
+__all__ = ["CampaignPromise", "ReplicaFetcher"]
 
 log = logging.getLogger(__name__)
 
@@ -34,17 +43,39 @@ _REFUSED_RETRY_S = 2.0
 _ANSWER_TIMEOUT_S = 5.0  # the master answers an idle fetch within half a second
 
 
+class CampaignPromise:
+    """This broker's promise not to campaign within ``length_s`` of receiving an answer from its
+    master. It starts promised (the broker's previous process may have promised just before it
+    ended) and is released early by the master's refusal."""
+
+    def __init__(self, length_s: float) -> None:
+        self.length_s = length_s
+        self.until = time.monotonic() + length_s
+
+    def renew(self) -> None:
+        self.until = max(self.until, time.monotonic() + self.length_s)
+
+    def release(self) -> None:
+        self.until = time.monotonic()
+
+    @property
+    def kept(self) -> bool:
+        """True once the promise binds no more: this broker may campaign."""
+        return time.monotonic() >= self.until
+
+
 class ReplicaFetcher(threading.Thread):
     """Copies the master at ``master_address`` of ``epoch`` until ``stop()``, dialing it over ``link``."""
 
     def __init__(self, service: BrokerService, history: EpochHistory, broker_id: int, master_address: str,
-                 epoch: int, link: ReplicationLink | None = None) -> None:
+                 epoch: int, promise: CampaignPromise, link: ReplicationLink | None = None) -> None:
         super().__init__(name=f"orderlymq-replica-of-{master_address}", daemon=True)
         self.service = service
         self.history = history
         self.broker_id = broker_id
         self.master_address = master_address
         self.epoch = epoch
+        self.promise = promise
         self.link = link or ReplicationLink()
         self._stopped = threading.Event()
         self._call: grpc.Future | None = None
@@ -64,6 +95,8 @@ class ReplicaFetcher(threading.Thread):
             try:
                 self._follow()
             except grpc.RpcError as err:
+                if isinstance(from_rpc_error(err), NotMasterError):  # it stepped down: it serves this epoch no more
+                    self.promise.release()
                 if self._stopped.is_set():
                     pass
                 elif err.code() in _REFUSED or "handshake" in (err.details() or "").lower():
@@ -89,15 +122,23 @@ class ReplicaFetcher(threading.Thread):
                 if self._stopped.is_set():
                     return
                 requests.put(pb.ReplicaFetch(broker_id=self.broker_id, group_epoch=self.epoch, handshake=True))
-                self._truncate(json.loads(next(call).epoch_history))
+                self._truncate(json.loads(self._receive(call).epoch_history))
                 while not self._stopped.is_set():
                     requests.put(self._fetch())
-                    self._apply(next(call))
+                    answer = self._receive(call)
+                    self._apply(answer)
+                    if sum(len(r.frames) for r in answer.records) < MAX_RESPONSE_BYTES:
+                        self.history.mark_caught_up()  # the answer was not cut short: it held all the master had
                     self.applied.set()
             finally:
                 requests.put(None)
                 call.cancel()
                 self._call = None
+
+    def _receive(self, call) -> pb.ReplicaData:
+        answer = next(call)
+        self.promise.renew()  # before the next fetch tells the master it was received
+        return answer
 
     def _ends(self) -> dict[str, int]:
         store = self.service.store
@@ -122,7 +163,11 @@ class ReplicaFetcher(threading.Thread):
         self._apply_topics(dict(answer.topics))
         store = self.service.store
         for records in answer.records:
-            store.queue(records.topic, records.queue_id).append_frames(records.frames)
+            queue = store.queue(records.topic, records.queue_id)
+            first = parse_header(records.frames[:HEADER.size])
+            if first is not None and first.base_offset > queue.max_offset:  # behind the master's retention
+                queue.restart_at(first.base_offset)
+            queue.append_frames(records.frames)
         if answer.offsets:
             self.service.offsets.replace([tuple(row) for row in json.loads(answer.offsets)])
             self._offsets_version = answer.offsets_version

@@ -5,6 +5,7 @@ One thread (``orderlymq-cluster``) makes every decision, woken by any change Zoo
 
 - a master checks that ZooKeeper still names it master of its epoch, else it steps down at once
   (its waiting sends fail as not-master, none is acknowledged), and keeps the sync-state set right;
+  it does not step down when it merely lost its ZooKeeper connection (see "leases" below);
 - a slave follows the master ZooKeeper names, at its epoch;
 - with no master, a member of the sync-state set campaigns; the winner records where its epoch
   starts, raises the lock epoch floor to ``epoch << 32`` (every queue lock it grants fences
@@ -14,6 +15,29 @@ A broker that is not master refuses every request but ``Health`` and the topic c
 ``NotMasterError`` naming the master (``gate.MasterGate``). Topics are the cluster's, in ZooKeeper
 (``topics.TopicRegistry``): any broker creates, describes or deletes them, and a master keeps its
 group's part of them locally (``topic_keeper.TopicKeeper``).
+
+Leases: a master that lost its ZooKeeper connection cannot tell "ZooKeeper is down" (nobody can
+be elected, it should serve on) from "I am cut off" (another master is elected once its session
+expired). It serves while either lease holds, so it never serves beside another master:
+
+- its session lease: ZooKeeper expires a session only a session timeout after it last heard from
+  it, and only then may another broker create ``master``; it heard from it after a request it
+  answered was sent (``GroupControl.heard_at``, renewed by a heartbeat). Counted for
+  ``_LEASE_FRACTION`` of the timeout (clock rates, the time a request takes once admitted).
+- its slaves' promises: a slave does not campaign within ``promise`` (half a session) of receiving
+  an answer from its master (``follower.CampaignPromise``), and only members of the sync-state
+  set may campaign; the set in ZooKeeper is never wider than the master's own (``admit``) and
+  cannot change while the master cannot write it. So while every other member of its set
+  acknowledged an answer sent less than ``_LEASE_FRACTION`` of a promise ago, no other master can
+  exist: during a ZooKeeper outage the slaves go on fetching and the group serves on, however
+  long it lasts. A set of the master alone binds no one and needs no promise: no one else may
+  campaign. A kill -9 does not delay a failover by the promise, which ends before the session
+  does (a session expires at least two thirds of its timeout after the broker's last ping); a
+  clean stop releases it (the stopped master refuses the slaves' next fetch).
+
+Past both the master *holds*: its role stays (``HOLDING`` in ``Health``) but it refuses requests,
+until ZooKeeper answers again (a standalone ZooKeeper restarted with its data dir keeps the
+sessions, so nothing changes) or reports the session lost (it steps down for good).
 """
 
 from __future__ import annotations
@@ -26,7 +50,7 @@ from collections.abc import Callable, Iterator
 
 from broker.cluster.control import GroupControl, GroupState
 from broker.cluster.epochs import EpochHistory, queue_key
-from broker.cluster.follower import ReplicaFetcher
+from broker.cluster.follower import CampaignPromise, ReplicaFetcher
 from broker.cluster.link import ReplicationLink
 from broker.cluster.replication import ReplicaSource
 from broker.cluster.topic_keeper import TopicKeeper
@@ -42,10 +66,12 @@ log = logging.getLogger(__name__)
 
 _TICK_S = 0.1  # how often a master reviews its sync-state set
 _REREAD_S = 1.0  # how often the group's state is read from ZooKeeper without a watch firing
+_LEASE_FRACTION = 0.8  # of a session timeout, of a promise: what a master counts on
 
 
 class Role:
     MASTER = "MASTER"
+    HOLDING = "HOLDING"  # reported only: a master whose leases ran out (see the module docstring)
     SLAVE = "SLAVE"
     ELECTING = "ELECTING"
 
@@ -71,6 +97,7 @@ class ClusterNode:
                                     else zookeeper_client_options(config))
         self.registry = TopicRegistry(self.control.client, config.cluster_name)
         self.topics = TopicKeeper(service, self.registry, config.broker_name)
+        self.promise = CampaignPromise(config.zk_session_timeout_ms / 2000)
         self._fetcher: ReplicaFetcher | None = None
         self._state: GroupState | None = None
         self._wake = threading.Event()
@@ -80,6 +107,11 @@ class ClusterNode:
     # -- what the service asks -----------------------------------------------------------------
 
     def not_master(self) -> NotMasterError:
+        if self.role == Role.MASTER and not self.serving():
+            return NotMasterError(
+                f"broker {self.broker_id} of group {self.config.broker_name} is master but cannot confirm it: "
+                f"ZooKeeper has not answered for a while and its slaves stopped fetching; it serves again once "
+                f"either answers (clients retry by themselves)", self.master_address)
         where = f"the master is {self.master_address}" if self.master_address else "no master is elected yet"
         return NotMasterError(
             f"broker {self.broker_id} of group {self.config.broker_name} is {self.role.lower()}, not master: "
@@ -87,15 +119,22 @@ class ClusterNode:
 
     def describe(self, health: pb.HealthResponse) -> None:
         """Fill the group part of a ``Health`` answer (``orderlymq cluster status`` shows it)."""
-        health.role, health.master_address, health.group_epoch = self.role, self.master_address, self.epoch
+        health.role = Role.HOLDING if self.role == Role.MASTER and not self.serving() else self.role
+        health.master_address, health.group_epoch = self.master_address, self.epoch
         health.broker_id = self.broker_id
         if self.role == Role.MASTER:
             health.sync_set.extend(sorted(self.source.sync_set))
             health.replicas.extend(self.source.replica_status())
 
     def require_master(self) -> None:
-        if self.role != Role.MASTER:
+        if self.role != Role.MASTER or not self.serving():
             raise self.not_master()
+
+    def serving(self) -> bool:
+        """Whether this master may serve now: one of its leases holds (module docstring)."""
+        now = time.monotonic()
+        return now < self.control.session_alive_until(_LEASE_FRACTION) or (
+            now < self.source.promised_until(_LEASE_FRACTION * self.promise.length_s))
 
     def stored(self, topic: str, queue_id: int, end: int) -> None:
         """After an append: let slaves fetch it; with sync replication, return once replicated."""
@@ -157,10 +196,17 @@ class ClusterNode:
                  self.config.broker_name, self.config.cluster_name, self.config.zookeeper)
 
     def stop(self) -> None:
+        """Leave the group (a clean shutdown does so first, before it stops serving): a master steps
+        down, so its slaves' next fetch is refused and releases their promises, and closing the
+        session deletes ``master`` at once: a slave is elected now, not a session timeout later."""
+        if self._stopped.is_set():
+            return
         self._stopped.set()
         self._wake.set()
         if self._thread.is_alive():
             self._thread.join(timeout=10)
+        if self.role == Role.MASTER:
+            self._step_down("it is shutting down")
         self._stop_following()
         self.source.close()
         self.control.stop()
@@ -174,26 +220,25 @@ class ClusterNode:
             woken = self._wake.wait(_TICK_S)
             self._wake.clear()
             try:
-                # ZooKeeper is read when it reported a change (its watches) and every _REREAD_S anyway;
-                # in between a master only checks its sync-state set, which needs no read.
-                if woken or time.monotonic() - last_read >= _REREAD_S:
+                self.control.heartbeat()
+                # ZooKeeper is read when it reported a change (its watches), every tick while electing
+                # (a promise may run out) and every _REREAD_S anyway; in between a master only checks
+                # its sync-state set, which needs no read.
+                if woken or self.role == Role.ELECTING or time.monotonic() - last_read >= _REREAD_S:
                     last_read = time.monotonic()
                     self._decide()
                 elif self.role == Role.MASTER:
                     self._keep_sync_set(self._state)
             except Exception:  # noqa: BLE001 - a ZooKeeper hiccup must not end the decisions
                 log.exception("cluster decision failed; retrying")
-                if self.role == Role.MASTER and not self.control.connected:
-                    self._step_down("ZooKeeper unreachable")
 
     # -- decisions -----------------------------------------------------------------------------
 
     def _decide(self) -> None:
         if not self.control.connected:
-            if self.role == Role.MASTER:
-                self._step_down("lost its ZooKeeper connection")
-            return
-        self.control.renew_if_lost()
+            return  # a master serves on while a lease holds, a slave goes on copying its master
+        if self.control.renew_if_lost() and self.role == Role.MASTER:
+            self._step_down("its ZooKeeper session expired")
         state = self.control.state()
         holder = self.control.master_holder()
         if self.role == Role.MASTER:
@@ -207,26 +252,37 @@ class ClusterNode:
         if holder is None:
             self._stop_following()
             self.role, self.master_address = Role.ELECTING, ""
-            won = self.control.campaign()
+            won = self.control.campaign() if self._may_campaign(state) else None
             if won is not None:
                 self._promote(won)
         elif state is not None and state.master == holder and holder != self.broker_id:
             self._follow(state)
             self.topics.note()
 
+    def _may_campaign(self, state: GroupState | None) -> bool:
+        """A new group, or: this broker followed (or led) the current epoch, its copy caught up
+        since it began to (a wiped data dir has not), and its promise to its master ran out."""
+        if state is None:
+            return True
+        return self.history.epoch == state.epoch and self.history.caught_up and self.promise.kept
+
     def _check_term(self, state: GroupState | None, holder: int | None) -> None:
         if state is None or holder != self.broker_id or state.master != self.broker_id or state.epoch != self.epoch:
             self._step_down("ZooKeeper names another master" if state else "the group state is gone")
             return
         self._state = state
+        if state.sync_set != self.source.sync_set:  # a write whose answer was lost, or not applied
+            self.source.set_sync_set(state.sync_set)
         self._keep_sync_set(state)
 
     def _keep_sync_set(self, state: GroupState) -> None:
         if not self.control.connected:
-            self._step_down("lost its ZooKeeper connection")
-            return
+            return  # the set cannot change without ZooKeeper
         wanted = self.source.sync_set_change()
         if wanted is None:
+            return
+        wanted = self.source.admit(wanted)  # members join here before they join in ZooKeeper
+        if wanted == state.sync_set:
             return
         changed = self.control.change_sync_set(state, wanted)
         if changed is None:
@@ -274,7 +330,7 @@ class ClusterNode:
         self._stop_following()
         self.epoch, self.master_address, self.role = state.epoch, state.master_address, Role.SLAVE
         self._fetcher = ReplicaFetcher(self.service, self.history, self.broker_id, state.master_address, state.epoch,
-                                       self.link)
+                                       self.promise, self.link)
         self._fetcher.start()
         log.info("broker %d follows master %d at %s (group %s, epoch %d)", self.broker_id, state.master,
                  state.master_address, self.config.broker_name, state.epoch)

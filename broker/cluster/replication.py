@@ -11,7 +11,12 @@ The set changes here, through ``GroupControl`` (a versioned write: only the mast
 current epoch can make it): a slave not caught up with the master for ``replica_lag_timeout_ms``
 leaves it, so sends do not wait on a dead or slow slave; a slave joins again once its copy holds
 every acknowledged send (the high watermark), so whoever is in the set may become master
-without losing one.
+without losing one. A slave that reports less than it had before (its data dir was wiped)
+leaves the set at once. A slave behind the first offset retention left gets the queue from there.
+
+Each answer a slave acknowledges (by its next fetch on the stream) carries its promise not to
+campaign until a while after it received it (``node.py``, "promises"): ``promised_until`` is how
+long every slave of the set is bound, which lets a master serve through a ZooKeeper outage.
 """
 
 from __future__ import annotations
@@ -32,14 +37,14 @@ from broker.cluster.epochs import EpochHistory, queue_key
 from broker.cluster.txnlog import TxnChangeLog, table_changes
 from broker.proto import orderlymq_pb2 as pb
 from broker.service import BrokerService
-from broker.wire.errors import NotMasterError, ReplicationTimeoutError, to_status
+from broker.wire.errors import NotMasterError, ReplicationTimeoutError, status_metadata, to_status
 
-__all__ = ["FETCH_WAIT_S", "ReplicaSource"]
+__all__ = ["FETCH_WAIT_S", "MAX_RESPONSE_BYTES", "ReplicaSource"]
 
 log = logging.getLogger(__name__)
 
 FETCH_WAIT_S = 0.5  # an idle fetch is answered (empty) after this long: the slave's heartbeat
-_MAX_RESPONSE_BYTES = 4 << 20
+MAX_RESPONSE_BYTES = 4 << 20  # an answer cut short holds at least this much
 
 
 @dataclass
@@ -51,6 +56,8 @@ class _Follower:
     promised: dict[str, int] | None = None  # the master's ends when it built its last answer
     promised_at: float = 0.0
     txn_seq: int = 0  # the last transaction change the slave applied
+    answer_sent_at: float | None = None  # when the last answer on its stream was sent
+    promise_from: float = 0.0  # when the last answer it acknowledged receiving was sent
 
 
 class ReplicaSource:
@@ -174,6 +181,30 @@ class ReplicaSource:
                 return None
             return (self.sync_set - lagging) | ready
 
+    def admit(self, wanted: frozenset[int]) -> frozenset[int]:
+        """Before ``wanted`` is written to ZooKeeper: its new members join the set here first, if
+        they still hold the high watermark, so a send acknowledged from now on waits for them
+        (the set in ZooKeeper, from which a new master is elected, never holds a member this
+        master did not wait for). Returns ``wanted`` without the members that fell behind."""
+        with self._cond:
+            watermark = self._high_watermark if self.config.replication == "sync" else self._ends()
+            admitted = {m for m in wanted - self.sync_set
+                        if m in self._followers and all(self._followers[m].ends.get(k, 0) >= end
+                                                        for k, end in watermark.items())}
+            self.sync_set = self.sync_set | admitted
+            return (wanted & self.sync_set) | admitted
+
+    def promised_until(self, promise_s: float) -> float:
+        """Until when (``time.monotonic()``) no other member of the sync-state set can campaign:
+        each promised so for ``promise_s`` after receiving an answer this master sent. Infinite
+        for a set of this broker alone: no one else may campaign at all."""
+        with self._cond:
+            others = self.sync_set - {self.broker_id}
+            if not others:
+                return float("inf")
+            return min(self._followers[m].promise_from + promise_s if m in self._followers else 0.0
+                       for m in others)
+
     def set_sync_set(self, sync_set: frozenset[int]) -> None:
         with self._cond:
             if sync_set != self.sync_set:
@@ -216,7 +247,7 @@ class ReplicaSource:
                     answer = await loop.run_in_executor(self._pool, self._answer, fetch)
                 except Exception as exc:  # noqa: BLE001 - every failure must become a status
                     code, message, _ = to_status(exc)
-                    await context.abort(code, message)
+                    await context.abort(code, message, trailing_metadata=status_metadata(exc))
                 yield answer
         except DecodeError:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "malformed ReplicaFetch")
@@ -232,6 +263,8 @@ class ReplicaSource:
             if not self._active or fetch.group_epoch != self.epoch:
                 raise self.not_master()
             if fetch.handshake:
+                follower = self._followers.setdefault(fetch.broker_id, _Follower())
+                follower.answer_sent_at = time.monotonic()
                 return pb.ReplicaData(group_epoch=self.epoch, epoch_history=self.history.encoded())
             self._acknowledge(fetch)
         deadline = time.monotonic() + FETCH_WAIT_S
@@ -249,14 +282,19 @@ class ReplicaSource:
         with self._cond:
             follower = self._followers[fetch.broker_id]
             follower.promised = complete
-            follower.promised_at = time.monotonic()
+            follower.promised_at = follower.answer_sent_at = time.monotonic()
         return answer
 
     def _acknowledge(self, fetch: pb.ReplicaFetch) -> None:
         """Under the lock: record where the slave stands; wake the sends waiting for it."""
         follower = self._followers.setdefault(fetch.broker_id, _Follower())
         follower.connected = True
-        follower.ends = {queue_key(p.topic, p.queue_id): p.offset for p in fetch.ends}
+        if follower.answer_sent_at is not None:  # this fetch follows the answer: it was received
+            follower.promise_from = follower.answer_sent_at
+        ends = {queue_key(p.topic, p.queue_id): p.offset for p in fetch.ends}
+        if any(ends.get(key, 0) < end for key, end in follower.ends.items()):
+            follower.last_caught_up = 0.0  # it lost what it had (a wiped data dir): out of the set now
+        follower.ends = ends
         follower.offsets_version = fetch.offsets_version
         follower.txn_seq = fetch.txn_seq
         promised = follower.promised
@@ -276,13 +314,14 @@ class ReplicaSource:
         self._collect_txn_changes(fetch.txn_seq, answer)  # before the records: a commit's records come with it
         topics = store.topics()
         answer.topics.update(topics)
-        ends, budget, complete = {}, _MAX_RESPONSE_BYTES, True
+        ends, budget, complete = {}, MAX_RESPONSE_BYTES, True
         for topic, count in sorted(topics.items()):
             for queue_id in range(count):
                 queue = store.queue(topic, queue_id)
                 key = queue_key(topic, queue_id)
                 ends[key] = end = queue.max_offset
-                start = have.get(key, 0)
+                # Behind what retention left: from the first offset (the slave starts its copy there).
+                start = max(have.get(key, 0), queue.min_offset)
                 if start >= end:
                     continue
                 if budget <= 0:

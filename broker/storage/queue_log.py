@@ -283,6 +283,23 @@ class QueueLog:
                         self.max_offset)
             return self.max_offset
 
+    def restart_at(self, offset: int) -> None:
+        """Drop every message and continue at ``offset`` (past the end): a replica whose copy ends
+        before the first offset its master's retention left starts over there."""
+        with self._lock:
+            if offset <= self.max_offset:
+                raise OffsetOutOfRangeError(f"queue {self._name} ends at {self.max_offset}: it cannot restart at "
+                                            f"{offset}, which it has")
+            for seg in self.segments:
+                seg.delete()
+            self.segments = [Segment(self.directory / Segment.file_name(offset), offset, self.index_interval_bytes)]
+            self._producers.clear()
+            if self._visible is not None:
+                self._visible = offset
+            fsync_dir(self.directory)
+            log.warning("queue %s restarts at offset %d: its master's retention removed what preceded it", self._name,
+                        offset)
+
     def _deleted(self) -> TopicNotFoundError:
         return TopicNotFoundError(f"queue {self._name} was deleted with its topic; create the topic again to use it")
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from broker.cluster.epochs import EpochHistory, truncation_points
+from broker.cluster.follower import CampaignPromise
 from broker.cluster.txnlog import TxnChangeLog, apply_changes, table_changes
 from broker.config import BrokerConfig
 from broker.locks import LockManager
@@ -15,7 +16,7 @@ from broker.proto import orderlymq_pb2 as pb
 from broker.storage import QueueLog
 from broker.transactions import ABORTED, COMMITTED, TransactionManager
 from broker.wire import codec
-from broker.wire.errors import DamagedRecordError, InvalidOptionError
+from broker.wire.errors import DamagedRecordError, InvalidOptionError, OffsetOutOfRangeError
 
 
 def batch(start: int, n: int) -> tuple[bytes, int]:
@@ -78,6 +79,26 @@ def test_epoch_history_persists(tmp_path):
     assert again.epoch == 2 and again.history == [[1, {"t/0": 0}], [2, {"t/0": 5}]]
 
 
+def test_a_follower_counts_as_caught_up_only_once_marked_and_a_wiped_one_knows_no_epoch(tmp_path):
+    history = EpochHistory(tmp_path / "cluster-epochs.json")
+    assert history.epoch == 0  # a wiped data dir: no epoch, so it may not campaign
+    history.follow(3, [[3, {"t/0": 0}]])
+    assert not EpochHistory(tmp_path / "cluster-epochs.json").caught_up
+    history.mark_caught_up()
+    assert EpochHistory(tmp_path / "cluster-epochs.json").caught_up
+    history.begin_term(4, {"t/0": 9})
+    assert history.caught_up  # a master holds what it has
+
+
+def test_a_campaign_promise_binds_from_the_start_renews_and_is_released():
+    promise = CampaignPromise(60.0)
+    assert not promise.kept  # a previous process may have promised just before it ended
+    promise.release()
+    assert promise.kept
+    promise.renew()
+    assert not promise.kept
+
+
 # -- storage calls of replication ----------------------------------------------------------------
 
 
@@ -115,6 +136,23 @@ def test_truncate_cuts_the_tail_across_segments_and_forgets_its_producers(tmp_pa
     assert not resent.duplicate and resent.base_offset == 6
     reopened = make_log(tmp_path / "q", segment_bytes=600)
     assert reopened.max_offset == 8
+
+
+def test_a_replica_behind_retention_restarts_at_the_masters_first_offset(tmp_path):
+    master, replica = make_log(tmp_path / "m", segment_bytes=300), make_log(tmp_path / "r")
+    for i in range(10):
+        master.append(*batch(2 * i, 2), "p", i)
+    replica.append_frames(master.read_frames(0, 200)[0])
+    master.apply_retention(0, 700)  # the oldest segments go: the master now starts past the replica's end
+    assert master.min_offset > replica.max_offset
+    with pytest.raises(OffsetOutOfRangeError, match="cannot restart at 0"):
+        replica.restart_at(0)
+    replica.restart_at(master.min_offset)
+    replica.append_frames(master.read_frames(master.min_offset, 1 << 20)[0])
+    assert (replica.min_offset, replica.max_offset) == (master.min_offset, master.max_offset)
+    assert replica.read(replica.min_offset, 100, 1 << 20).table.column("body").to_pylist() == \
+        master.read(master.min_offset, 100, 1 << 20).table.column("body").to_pylist()
+    assert make_log(tmp_path / "r").min_offset == master.min_offset  # so it reopens
 
 
 # -- state the new master builds on --------------------------------------------------------------

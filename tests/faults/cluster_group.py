@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from broker.wire.tls import TlsOptions
 from connector.client.connection import open_channel
 from tests.faults.brokers import broker_process
 
-__all__ = ["CLUSTER_BROKER", "BrokerGroup"]
+__all__ = ["CLUSTER_BROKER", "BrokerGroup", "RoleWatch"]
 
 # Short sessions and lag timeouts so failovers take seconds, and short leases like the client tests'.
 CLUSTER_BROKER = dict(zk_session_timeout_ms=2_000, replica_lag_timeout_ms=1_500, lock_lease_ms=5_000,
@@ -28,13 +29,15 @@ class BrokerGroup:
     first master); settings are ``BrokerConfig`` names."""
 
     def __init__(self, root: Path, zookeeper: str, size: int, name: str = "group-a", *,
-                 tls: TlsOptions | None = None, credentials: Credentials | None = None, **settings) -> None:
+                 tls: TlsOptions | None = None, credentials: Credentials | None = None,
+                 zookeeper_of: dict[int, str] | None = None, **settings) -> None:
+        """``zookeeper_of``: the ZooKeeper connect string of some brokers, when not ``zookeeper``."""
         self.name = name
         self.tls = tls  # how this harness asks the brokers for their health (secure groups)
         self.metadata = credentials.metadata() if credentials is not None else None
         self.brokers: list[BrokerProcess] = [
-            broker_process(root / f"broker-{i}", zookeeper=zookeeper, broker_name=name, broker_id=i,
-                           **(CLUSTER_BROKER | settings))
+            broker_process(root / f"broker-{i}", zookeeper=(zookeeper_of or {}).get(i, zookeeper), broker_name=name,
+                           broker_id=i, **(CLUSTER_BROKER | settings))
             for i in range(size)
         ]
 
@@ -90,3 +93,46 @@ class BrokerGroup:
     def kill_all(self) -> None:
         for broker in self.brokers:
             broker.kill9()
+
+
+class RoleWatch(threading.Thread):
+    """Asks every broker of a group for its role and epoch, one after the other, until stopped:
+    ``answers`` holds ``(time.time() of the answer, broker_id, role, epoch)`` (unreachable brokers
+    left out). What split brain would look like: one epoch whose master was seen on two brokers, or
+    a master of an earlier epoch seen serving after one of a later epoch was."""
+
+    def __init__(self, group: BrokerGroup, interval_s: float = 0.03) -> None:
+        super().__init__(name="role-watch", daemon=True)
+        self.group, self.interval_s = group, interval_s
+        self.answers: list[tuple[float, int, str, int]] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            for broker_id, broker in enumerate(self.group.brokers):
+                health = self.group.health(broker)
+                if health is not None:
+                    self.answers.append((time.time(), broker_id, health.role, health.group_epoch))
+                self.stop.wait(self.interval_s)
+
+    def finish(self) -> None:
+        self.stop.set()
+        self.join()
+
+    def masters_by_epoch(self) -> dict[int, set[int]]:
+        """Each epoch and the brokers seen serving as its master."""
+        out: dict[int, set[int]] = {}
+        for _, broker_id, role, epoch in self.answers:
+            if role == "MASTER":
+                out.setdefault(epoch, set()).add(broker_id)
+        return out
+
+    def serving(self, epoch: int) -> tuple[float, float]:
+        """When the master of ``epoch`` was first and last seen serving."""
+        times = [t for t, _, role, e in self.answers if role == "MASTER" and e == epoch]
+        return min(times), max(times)
+
+    def overlapping_epochs(self) -> list[tuple[int, int]]:
+        """Pairs of epochs whose masters were seen serving at overlapping times."""
+        spans = sorted((e, *self.serving(e)) for e in self.masters_by_epoch())
+        return [(a[0], b[0]) for a, b in zip(spans, spans[1:], strict=False) if a[2] >= b[1]]

@@ -131,11 +131,13 @@ def shutdown_all(consumers: list[OrderlyConsumer]) -> None:
 
 
 def stored_deliveries(conn: BrokerConnection, topic: str) -> list[Delivery]:
-    """Every message stored in ``topic``, queue by queue in offset order, as deliveries."""
+    """Every message stored in ``topic`` (from the first offset retention left), queue by queue
+    in offset order, as deliveries."""
     count = conn.call("DescribeTopic", pb.DescribeTopicRequest(topic=topic)).queue_count
     out = []
     for queue_id in range(count):
-        table = pull_all(conn, topic, queue_id)
+        first = conn.call("QueryOffsets", pb.QueryOffsetsRequest(topic=topic, queue_id=queue_id)).min_offset
+        table = pull_all(conn, topic, queue_id, first)
         for raw, offset in zip(table.column("body").to_pylist(), table.column("queue_offset").to_pylist(),
                                strict=True):
             key, seq = parse_body(raw)

@@ -1,0 +1,217 @@
+"""Cluster scenario 3: slaves rebuilt from the master, and every broker restarted in turn, under
+sync-replicated keyed producers (and an orderly consumer group).
+
+- A slave's data dir is deleted: restarted empty, it leaves the sync-state set at its first fetch
+  (it reports less than it had), copies everything from the master, and rejoins. It may not
+  campaign before it caught up; once it did, it alone holds the group: the two other brokers are
+  killed, it is elected, and its log is judged against every send.
+- A slave that retention left behind the master's first offset (down while the master's segments
+  aged out) restarts those queues at the master's first offset and catches up on its own; promoted,
+  its log is judged against what the master kept.
+- A rolling restart: each broker in turn is stopped (SIGTERM) and started, and the next waits until
+  it is back in the sync-state set. The master's turn is a failover.
+
+Reported: how long each rebuild or restart took until the broker was back in the sync-state set,
+the longest stop of acknowledgements, the epochs.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+
+from connector.client import Admin
+from connector.client.connection import BrokerConnection
+from connector.history import History, Send, check
+from tests.faults.fault_profile import PROFILE
+from tests.faults.workload import KeyedProducer, shutdown_all, start_orderly_group, stored_deliveries
+from tests.support import wait_until
+
+TOPIC, GROUP, QUEUES = "orders", "order-service", 4
+
+
+def _sync_set(group) -> set[int]:
+    master = group.master()
+    health = group.health(master) if master is not None else None
+    return set(health.sync_set) if health is not None else set()
+
+
+def _wait_in_sync_set(group, broker_id: int, timeout: float = 120.0) -> float:
+    """Seconds until ``broker_id`` is in the master's sync-state set."""
+    started = time.monotonic()
+    assert wait_until(lambda: broker_id in _sync_set(group), timeout=timeout), \
+        f"broker {broker_id} did not rejoin the sync-state set {_sync_set(group)}"
+    return time.monotonic() - started
+
+
+def _rebuilt(group, broker, since: float, timeout: float = 120.0) -> tuple[float | None, float]:
+    """Seconds from ``since`` (``time.monotonic()``) until the restarted ``broker`` was seen out of
+    the master's sync-state set (None if that moment was too short to see), and until its new copy
+    had caught up (its ``cluster-epochs.json`` says so) and it was in the set again."""
+    broker_id = group.brokers.index(broker)
+    epochs = broker.data_dir / "cluster-epochs.json"
+    deadline = time.monotonic() + timeout
+    left = None
+    while time.monotonic() < deadline:
+        inside = broker_id in _sync_set(group)
+        if left is None and not inside:
+            left = time.monotonic() - since
+        if inside and epochs.exists() and json.loads(epochs.read_text()).get("caught_up"):
+            return left, time.monotonic() - since
+        time.sleep(0.01)
+    raise AssertionError(f"broker {broker_id} did not catch up and rejoin the sync-state set within {timeout:.0f}s")
+
+
+def _producers(group, history: History) -> list[KeyedProducer]:
+    return [KeyedProducer(group.addresses, TOPIC, [f"p{p}-k{k}" for k in range(PROFILE.keys_per_producer)],
+                          history, rate=PROFILE.send_rate)
+            for p in range(PROFILE.producers)]
+
+
+def _stop(producers: list[KeyedProducer]) -> None:
+    for producer in producers:
+        producer.stop.set()
+    for producer in producers:
+        producer.join()
+
+
+def _ack_stall(producers: list[KeyedProducer], start: float, end: float) -> float:
+    acks = sorted([start, end] + [t for p in producers for t in list(p.ack_times) if start <= t <= end])
+    return max(b - a for a, b in zip(acks, acks[1:], strict=False))
+
+
+def _promote_alone(group, survivor) -> None:
+    """Kill every other broker: ``survivor`` must be elected with what it holds."""
+    for broker in group.brokers:
+        if broker is not survivor:
+            broker.kill9()
+    assert group.wait_for_master() is survivor
+
+
+def test_a_wiped_slave_is_rebuilt_from_the_master_under_load(broker_group, fault_report):
+    group = broker_group(3)
+    with Admin(group.addresses) as admin:
+        admin.create_topic(TOPIC, QUEUES)
+    history = History()
+    consumers = start_orderly_group(group.addresses, TOPIC, GROUP, PROFILE.consumers, history)
+    producers = _producers(group, history)
+    wiped = group.brokers[2]
+    try:
+        for producer in producers:
+            producer.start()
+        _wait_in_sync_set(group, 2)
+        time.sleep(2 * PROFILE.cycle_seconds)
+        wiped.kill9()
+        shutil.rmtree(wiped.data_dir)
+        killed, since = time.time(), time.monotonic()
+        wiped.start()
+        started_s = time.monotonic() - since
+        left_s, rebuilt_s = _rebuilt(group, wiped, since)
+        stall = _ack_stall(producers, killed - 1, time.time())
+        time.sleep(PROFILE.cycle_seconds)
+        _stop(producers)
+        caught_up = wait_until(history.delivered_all_acked, timeout=120)
+    finally:
+        _stop(producers)
+        shutdown_all(consumers)
+    assert wait_until(lambda: _sync_set(group) == {0, 1, 2}, timeout=60)
+    _promote_alone(group, wiped)
+    with BrokerConnection(wiped.address) as conn:
+        log = check(history.sends, stored_deliveries(conn, TOPIC))
+    consumed = history.check()
+    fault_report("cluster: a wiped slave rebuilt from the master under load", {"rebuilt log": log, "consumed": consumed},
+                 restarted_empty_s=round(started_s, 2), out_of_sync_set_s=left_s and round(left_s, 2),
+                 back_in_sync_set_s=round(rebuilt_s, 2), longest_ack_stall_s=round(stall, 2),
+                 send_failures=sum(len(p.failures) for p in producers))
+    assert log.ok, str(log)
+    assert caught_up and consumed.lost == 0 and consumed.out_of_order == 0, str(consumed)
+
+
+def test_a_slave_behind_the_masters_retention_catches_up_on_its_own(broker_group, fault_report):
+    # Small segments, a few kept per queue: the master's first offsets move on within seconds.
+    group = broker_group(3, segment_bytes=8_192, retention_bytes=32_768, retention_check_interval_ms=200)
+    with Admin(group.addresses) as admin:
+        admin.create_topic(TOPIC, QUEUES)
+    history = History()
+    producers = _producers(group, history)
+    behind = group.brokers[2]
+    try:
+        for producer in producers:
+            producer.start()
+        _wait_in_sync_set(group, 2)
+        behind.kill9()
+        ends = _queue_ends(behind)
+        assert wait_until(lambda: all(_first_offset(group, q) > end for q, end in ends.items()), timeout=120), \
+            "retention did not move past the stopped slave's copy"
+        behind.start()
+        caught_up_s = _wait_in_sync_set(group, 2)
+        _stop(producers)
+    finally:
+        _stop(producers)
+    assert wait_until(lambda: _sync_set(group) == {0, 1, 2}, timeout=60)
+    with BrokerConnection(group.addresses) as conn:
+        kept = stored_deliveries(conn, TOPIC)  # what the master's retention left
+    _promote_alone(group, behind)
+    with BrokerConnection(behind.address) as conn:
+        log = check([Send(d.key, d.seq, True) for d in kept], stored_deliveries(conn, TOPIC))
+    restarted = behind.log_text().count("restarts at offset")
+    fault_report("cluster: a slave behind the master's retention catches up", {"its log against the master's": log},
+                 queues_restarted=restarted, caught_up_into_sync_set_s=round(caught_up_s, 2),
+                 master_kept=len(kept), sent=len(history.sends))
+    assert restarted > 0, "no queue restarted at the master's first offset"
+    assert log.ok, str(log)
+
+
+def _queue_ends(broker) -> dict[int, int]:
+    """Where each queue of a stopped broker's copy ends, from its segment files (name: base offset)."""
+    ends = {}
+    for queue_id in range(QUEUES):
+        segments = sorted((broker.data_dir / "topics" / TOPIC / str(queue_id)).glob("*.log"))
+        ends[queue_id] = int(segments[-1].stem) if segments else 0  # at least the last segment's base
+    return ends
+
+
+def _first_offset(group, queue_id: int) -> int:
+    with BrokerConnection(group.addresses) as conn:
+        from connector.client.connection import pb
+
+        return conn.call("QueryOffsets", pb.QueryOffsetsRequest(topic=TOPIC, queue_id=queue_id)).min_offset
+
+
+def test_rolling_restart_of_every_broker_under_load(broker_group, fault_report):
+    group = broker_group(3)
+    with Admin(group.addresses) as admin:
+        admin.create_topic(TOPIC, QUEUES)
+    history = History()
+    consumers = start_orderly_group(group.addresses, TOPIC, GROUP, PROFILE.consumers, history)
+    producers = _producers(group, history)
+    back_s, stalls, epochs = [], [], []
+    try:
+        for producer in producers:
+            producer.start()
+        assert wait_until(lambda: _sync_set(group) == {0, 1, 2}, timeout=60)
+        for broker_id, broker in enumerate(group.brokers):
+            time.sleep(PROFILE.cycle_seconds)
+            stopped = time.time()
+            broker.stop()
+            broker.start()
+            back_s.append(round(_wait_in_sync_set(group, broker_id), 2))
+            stalls.append(round(_ack_stall(producers, stopped - 1, time.time()), 2))
+            epochs.append(group.health(group.wait_for_master()).group_epoch)
+        time.sleep(PROFILE.cycle_seconds)
+        _stop(producers)
+        caught_up = wait_until(history.delivered_all_acked, timeout=120)
+    finally:
+        _stop(producers)
+        shutdown_all(consumers)
+    with BrokerConnection(group.addresses) as conn:
+        log = check(history.sends, stored_deliveries(conn, TOPIC))
+    consumed = history.check()
+    fault_report("cluster: rolling restart of every broker under load", {"log": log, "consumed": consumed},
+                 back_in_sync_set_s=back_s, longest_ack_stall_s=stalls, epochs_after_each=epochs,
+                 send_failures=sum(len(p.failures) for p in producers))
+    assert log.ok, str(log)
+    assert caught_up and consumed.lost == 0, str(consumed)
+    assert consumed.out_of_order == 0 and consumed.unexpected == 0, str(consumed)
+
