@@ -22,7 +22,7 @@ import shutil
 import time
 
 from connector.client import Admin
-from connector.client.connection import BrokerConnection
+from connector.client.connection import BrokerConnection, pb
 from connector.history import History, Send, check
 from tests.faults.fault_profile import PROFILE
 from tests.faults.workload import KeyedProducer, shutdown_all, start_orderly_group, stored_deliveries
@@ -142,7 +142,7 @@ def test_a_slave_behind_the_masters_retention_catches_up_on_its_own(broker_group
         _wait_in_sync_set(group, 2)
         behind.kill9()
         ends = _queue_ends(behind)
-        assert wait_until(lambda: all(_first_offset(group, q) > end for q, end in ends.items()), timeout=120), \
+        assert wait_until(lambda: all(_offsets(group.addresses, q)[0] > end for q, end in ends.items()), timeout=120), \
             "retention did not move past the stopped slave's copy"
         behind.start()
         caught_up_s = _wait_in_sync_set(group, 2)
@@ -152,14 +152,20 @@ def test_a_slave_behind_the_masters_retention_catches_up_on_its_own(broker_group
     assert wait_until(lambda: _sync_set(group) == {0, 1, 2}, timeout=60)
     with BrokerConnection(group.addresses) as conn:
         kept = stored_deliveries(conn, TOPIC)  # what the master's retention left
+    master_ends = {q: _offsets(group.addresses, q)[1] for q in range(QUEUES)}
     _promote_alone(group, behind)
+    # Its own retention runs too (on segments cut elsewhere): judged from its first offsets on.
+    firsts = {q: _offsets(behind.address, q)[0] for q in range(QUEUES)}
     with BrokerConnection(behind.address) as conn:
-        log = check([Send(d.key, d.seq, True) for d in kept], stored_deliveries(conn, TOPIC))
+        log = check([Send(d.key, d.seq, True) for d in kept if d.offset >= firsts[d.queue_id]],
+                    stored_deliveries(conn, TOPIC))
+    ends = {q: _offsets(behind.address, q)[1] for q in range(QUEUES)}
     restarted = behind.log_text().count("restarts at offset")
     fault_report("cluster: a slave behind the master's retention catches up", {"its log against the master's": log},
                  queues_restarted=restarted, caught_up_into_sync_set_s=round(caught_up_s, 2),
                  master_kept=len(kept), sent=len(history.sends))
     assert restarted > 0, "no queue restarted at the master's first offset"
+    assert ends == master_ends, f"its queues end at {ends}, the master's at {master_ends}"
     assert log.ok, str(log)
 
 
@@ -172,11 +178,11 @@ def _queue_ends(broker) -> dict[int, int]:
     return ends
 
 
-def _first_offset(group, queue_id: int) -> int:
-    with BrokerConnection(group.addresses) as conn:
-        from connector.client.connection import pb
-
-        return conn.call("QueryOffsets", pb.QueryOffsetsRequest(topic=TOPIC, queue_id=queue_id)).min_offset
+def _offsets(addresses: str, queue_id: int) -> tuple[int, int]:
+    """The first and the end offset of a queue (at the master among ``addresses``)."""
+    with BrokerConnection(addresses) as conn:
+        answer = conn.call("QueryOffsets", pb.QueryOffsetsRequest(topic=TOPIC, queue_id=queue_id))
+    return answer.min_offset, answer.max_offset
 
 
 def test_rolling_restart_of_every_broker_under_load(broker_group, fault_report):
