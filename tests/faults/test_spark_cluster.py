@@ -18,6 +18,8 @@ import pyarrow as pa
 import pytest
 
 from broker.proto import orderlymq_pb2 as pb
+from broker.wire import codec
+from broker.wire.errors import FencedError
 from connector.client import Admin
 from connector.client.routed import RoutedConnection
 from connector.history import Delivery, History, check
@@ -264,3 +266,48 @@ def test_task_stages_again_on_the_new_master_after_its_group_master_is_killed(br
     with RoutedConnection(bootstrap) as conn:
         output = check(history.sends, stored_deliveries(conn, SINK))
     assert output.ok and output.deliveries == output.acked, str(output)
+
+
+def test_locks_are_taken_back_after_a_failover_unless_another_client_consumed(broker_cluster):
+    """The driver's LockKeeper holds every queue; one group's master is killed -9. On its new master
+    a rival consumes one of that group's queues meanwhile: renewing takes the group's other queues
+    back at the new master's epochs, fences that one naming the rival, and leaves the other
+    groups' locks as they were."""
+    from connector.spark.locks import LockKeeper
+
+    groups = broker_cluster(3, 2)
+    bootstrap = _bootstrap(groups)
+    with Admin(bootstrap) as admin:
+        admin.create_topic(SOURCE, QUEUES)
+    conn = RoutedConnection(bootstrap, retry_timeout=60)
+    refs = [(SOURCE, q) for q in range(QUEUES)]
+    for _, q in refs:  # a message in every queue, so that an offset can move
+        batch = codec.encode(codec.messages_to_batch([{"key": f"q{q}", "body": body(f"q{q}", 0)}]))
+        conn.call("Send", pb.SendRequest(topic=SOURCE, queue_id=q, batch=batch))
+    left: dict = {}
+    keeper = LockKeeper(conn, GROUP, "me", 1000, left_at=left.get)
+    before = keeper.epochs(refs)
+    keeper._stop.set()  # noqa: SLF001 - renewals by hand below, so the rival gets in first
+    for ref, epoch in before.items():
+        conn.call("CommitOffset", pb.CommitOffsetRequest(group=GROUP, topic=SOURCE, queue_id=ref[1], offset=0,
+                                                         client_id="me", epoch=epoch))
+        left[ref] = 0
+    victim = groups[1]
+    taken, kept = conn.routes.route(SOURCE).queues_by_group()[victim.name]
+    master = victim.wait_for_master()
+    master.kill9()
+    epoch = victim.health(victim.wait_for_master(exclude=master)).group_epoch
+    rival = conn.call("LockBatch", pb.LockBatchRequest(group=GROUP, client_id="rival", topic=SOURCE,
+                                                       queue_ids=[taken])).locked[0].epoch
+    conn.call("CommitOffset", pb.CommitOffsetRequest(group=GROUP, topic=SOURCE, queue_id=taken, offset=1,
+                                                     client_id="rival", epoch=rival))  # it consumed the queue
+    conn.call("UnlockBatch", pb.UnlockBatchRequest(group=GROUP, client_id="rival", topic=SOURCE, queue_ids=[taken]))
+    keeper.renew()
+    after = keeper.epochs([ref for ref in refs if ref != (SOURCE, taken)])
+    with pytest.raises(FencedError, match="'rival'"):
+        keeper.epochs([(SOURCE, taken)])
+    assert after[(SOURCE, kept)] >> 32 == epoch and before[(SOURCE, kept)] >> 32 < epoch, (before, after)
+    assert all(after[ref] == before[ref] for ref in after if ref[1] not in (taken, kept)), (before, after)
+    assert keeper.release()
+    assert not any(lock.client_id == "me" for name in conn.groups() for lock in _locks(conn, name))
+    conn.close()
