@@ -60,8 +60,9 @@ class BrokerConfig:
         How often retention runs.
     compact_interval_ms : int
         How often closed segments are looked at for small records to merge (one-message sends
-        store a record each; merged, they pull like a batch; ``broker.storage.compaction``). 0
-        never merges; a broker group never merges (its slaves copy records as they are).
+        store a record each; merged, they pull like a batch; ``broker.storage.compaction``); an
+        active segment nothing was appended to for that long is closed and merged too. 0 never
+        merges; a broker group never merges (its slaves copy records as they are).
     lock_lease_ms : int
         A queue lock expires this long after its last renewal.
     consumer_timeout_ms : int

@@ -384,7 +384,7 @@ class BrokerService:
     def _compaction(self, stop: threading.Event) -> None:
         while not stop.wait(self.config.compact_interval_ms / 1000):
             try:
-                self.store.compact()
+                self.store.compact(idle_ms=self.config.compact_interval_ms)
             except Exception:  # noqa: BLE001 - compaction must never stop
                 log.exception("compaction failed")
 

@@ -436,11 +436,15 @@ class QueueLog:
 
     # -- compaction ----------------------------------------------------------------------------
 
-    def compact(self) -> int:
+    def compact(self, idle_ms: int = 0) -> int:
         """Merge the small records of closed segments (``broker.storage.compaction``); returns how
         many segments were rewritten. The producers of merged records are kept aside for recovery
         (``Segment.write_producers``), which rebuilds the idempotent producers of the newest closed
-        segment and the active one; the active one is never merged."""
+        segment and the active one. The active one is never merged, but with ``idle_ms`` one of
+        small records that nothing was appended to for that long is closed first, so that the
+        last records of a backlog are merged too."""
+        if idle_ms:
+            self._close_idle(idle_ms)
         rewritten = 0
         for seg in self.segments[:-1]:
             if self._closed:
@@ -468,6 +472,14 @@ class QueueLog:
             log.info("compacted %s: %d records into %d", seg.path, read, written)
             rewritten += 1
         return rewritten
+
+    def _close_idle(self, idle_ms: int) -> None:
+        active = self.segments[-1]
+        if not active.size or self.clock() - active.last_store_ts < idle_ms or not compaction.looks_small(active):
+            return
+        with self._lock:
+            if not self._closed and self.segments[-1] is active and self.clock() - active.last_store_ts >= idle_ms:
+                self._roll()  # the next append creates the next segment's file
 
     def _swap(self, old: Segment, side: Path) -> bool:
         """Put the rewritten file in place of ``old``, unless retention or a delete took it meanwhile."""

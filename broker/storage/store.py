@@ -234,9 +234,10 @@ class Store:
     def apply_retention(self, retention_ms: int, retention_bytes: int) -> int:
         return sum(q.apply_retention(retention_ms, retention_bytes) for q in list(self._queues.values()))
 
-    def compact(self) -> int:
-        """Merge small records in every queue's closed segments; returns segments rewritten."""
-        return sum(q.compact() for q in list(self._queues.values()))
+    def compact(self, idle_ms: int = 0) -> int:
+        """Merge small records in every queue's closed segments (and in active ones idle for
+        ``idle_ms``, see ``QueueLog.compact``); returns segments rewritten."""
+        return sum(q.compact(idle_ms) for q in list(self._queues.values()))
 
     def cut_reports(self) -> list[CutReport]:
         return [r for q in self._queues.values() for r in q.cut_reports]

@@ -96,6 +96,25 @@ def test_merged_records_keep_offsets_order_columns_store_times_and_recovery(tmp_
     reopened.close()
 
 
+def test_an_idle_active_segment_is_closed_and_merged_and_appends_go_on(tmp_path):
+    queue = _queue(tmp_path / "t" / "0")
+    history = History()
+    _fill(queue, history, 400)
+    before = _everything(queue)
+    assert queue.compact(idle_ms=60_000) == len(queue.segments) - 1  # appended to just now: left open
+    time.sleep(0.01)
+    assert queue.compact(idle_ms=1) == 1  # idle: closed, then merged
+    assert all(header.count > 1 for seg in queue.segments[:-1] for header, _ in seg.records_from(seg.base_offset))
+    assert queue.segments[-1].size == 0
+    assert _everything(queue).equals(before)
+    queue.append(encode_one({"key": "k0", "body": body("k0", 80)}), 1)
+    history.sent("k0", 80, acked=True)
+    _deliveries(_everything(queue), history)
+    verdict = history.check()
+    assert verdict.ok and verdict.deliveries == before.num_rows + 1, verdict
+    queue.close()
+
+
 def test_reads_during_compaction_see_the_same_messages(tmp_path):
     queue = _queue(tmp_path / "t" / "0")
     _fill(queue, History(), 1200)
