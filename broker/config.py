@@ -24,7 +24,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10: the same parser as a package
     import tomli as tomllib  # type: ignore[no-redef]
 
-__all__ = ["BrokerConfig", "TOML_TABLE"]
+__all__ = ["BrokerConfig", "TOML_TABLE", "is_loopback"]
 
 TOML_TABLE = "broker"
 
@@ -335,7 +335,7 @@ def _check_text(name: str, value: Any) -> None:
         raise InvalidOptionError(f"{name} must be a non-empty string, got {value!r}")
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
     try:
@@ -356,7 +356,7 @@ def _check_security(config: BrokerConfig) -> None:
         raise InvalidOptionError("tls_client_ca_file (mutual TLS) needs tls_cert_file and tls_key_file too")
     if isinstance(config.zookeeper, str) and config.zookeeper.strip():
         _check_replication_link(config)
-    if _is_loopback(config.host) or config.allow_insecure_remote:
+    if is_loopback(config.host) or config.allow_insecure_remote:
         return
     # Credentials travel with every call, so off loopback they need TLS as much as the data does.
     missing = [name for name, value in (("acl_file", config.acl_file), ("tls_cert_file", config.tls_cert_file))

@@ -107,10 +107,16 @@ def _parser() -> argparse.ArgumentParser:
     cluster.add_subparsers(dest="cluster_command", required=True, metavar="COMMAND").add_parser(
         "status", help="each broker of --brokers: group, role, epoch, master; masters' sync-state sets and lag")
     console = commands.add_parser("console", help="serve a read-only web console of the broker (Ctrl-C stops)")
-    console.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s: "
-                         "the console has no login, so widen it only behind your own access control)")
+    console.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s; any other "
+                         "needs --login and --https-cert-file/--https-key-file, or --allow-insecure-remote)")
     console.add_argument("--port", type=int, default=8080, help="HTTP port (default %(default)s; 0: a free one)")
     console.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (default %(default)s)")
+    console.add_argument("--login", action="store_true", help="ask every visitor for an access key and secret key "
+                         "of a broker user with admin on broker (checked by the broker)")
+    console.add_argument("--https-cert-file", default="", help="serve HTTPS with this certificate (PEM)")
+    console.add_argument("--https-key-file", default="", help="the key of --https-cert-file (PEM)")
+    console.add_argument("--allow-insecure-remote", action="store_true",
+                         help="listen off loopback without --login or HTTPS anyway")
     return parser
 
 
@@ -213,7 +219,9 @@ def _console(args, console: Console) -> None:
     if args.interval <= 0:
         raise InvalidOptionError(f"--interval must be more than 0 seconds, got {args.interval:g}")
     try:
-        server = ConsoleServer(args.brokers, host=args.host, port=args.port, interval=args.interval, **_tls(args))
+        server = ConsoleServer(args.brokers, host=args.host, port=args.port, interval=args.interval, login=args.login,
+                               https_cert_file=args.https_cert_file, https_key_file=args.https_key_file,
+                               allow_insecure_remote=args.allow_insecure_remote, **_tls(args))
     except OSError as exc:
         raise InvalidOptionError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from exc
     with server:

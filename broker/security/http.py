@@ -26,7 +26,7 @@ from broker.security.watch import FileWatch
 from broker.wire.credentials import ACCESS_KEY_HEADER, SECRET_KEY_HEADER
 from broker.wire.errors import OrderlyMQError, PermissionDeniedError
 
-__all__ = ["ReloadingSslContext", "serve_http"]
+__all__ = ["ReloadingSslContext", "TlsAccepting", "basic_credentials", "serve_http"]
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,9 @@ class ReloadingSslContext:
     """A server ``ssl.SSLContext`` of the certificate files, rebuilt when they change (a bad
     renewal is logged and the current context kept)."""
 
-    def __init__(self, cert_file: str, key_file: str, client_ca_file: str = "", check_interval_s: float = 1.0) -> None:
+    def __init__(self, cert_file: str, key_file: str, client_ca_file: str = "", check_interval_s: float = 1.0,
+                 *, server_name: str = "metrics endpoint") -> None:
+        self._name = server_name
         self._files = (cert_file, key_file, client_ca_file)
         self._watch = FileWatch(*(f for f in self._files if f))
         self._interval = check_interval_s
@@ -62,25 +64,31 @@ class ReloadingSslContext:
                     try:
                         self._context = self._build()
                     except (ssl.SSLError, OSError) as exc:
-                        log.error("metrics endpoint keeps its current TLS certificate: %s", exc)
+                        log.error("%s keeps its current TLS certificate: %s", self._name, exc)
             return self._context
 
 
-def _basic_credentials(environ: dict) -> tuple[tuple[str, str], ...]:
-    scheme, _, encoded = environ.get("HTTP_AUTHORIZATION", "").partition(" ")
+def basic_credentials(authorization: str) -> tuple[str, str] | None:
+    """(access key, secret key) of an HTTP Basic ``Authorization`` header; None when it is not one."""
+    scheme, _, encoded = authorization.partition(" ")
     if scheme.lower() != "basic":
-        return ()
+        return None
     try:
         key, _, secret = base64.b64decode(encoded, validate=True).decode("utf-8").partition(":")
     except (binascii.Error, UnicodeDecodeError):
-        return ()
-    return (ACCESS_KEY_HEADER, key), (SECRET_KEY_HEADER, secret)
+        return None
+    return key, secret
+
+
+def _metadata(environ: dict) -> tuple[tuple[str, str], ...]:
+    credentials = basic_credentials(environ.get("HTTP_AUTHORIZATION", ""))
+    return () if credentials is None else ((ACCESS_KEY_HEADER, credentials[0]), (SECRET_KEY_HEADER, credentials[1]))
 
 
 def _guarded(app: Callable, guard: AccessGuard) -> Callable:
     def guarded(environ: dict, start_response: Callable) -> Iterable[bytes]:
         try:
-            user = guard.authenticate(_basic_credentials(environ), environ.get("REMOTE_ADDR", ""))
+            user = guard.authenticate(_metadata(environ), environ.get("REMOTE_ADDR", ""))
             if not guard.allows(user, *_RIGHT):
                 raise PermissionDeniedError(f"user {user!r} may not read the metrics: it needs admin on broker "
                                             f"(`orderlymq-broker acl allow {user} admin broker`)")
@@ -94,19 +102,26 @@ def _guarded(app: Callable, guard: AccessGuard) -> Callable:
     return guarded
 
 
-class _Server(ThreadingWSGIServer):
+class TlsAccepting:
+    """A ``socketserver`` mix-in: every accepted connection is wrapped in ``tls``'s current
+    context (None: plain), the handshake left to the handler's thread (its first read)."""
+
     tls: ReloadingSslContext | None = None
 
     def get_request(self) -> tuple[Any, Any]:
         connection, address = self.socket.accept()
-        if self.tls is not None:  # the handshake happens on the handler's thread, at its first read
+        if self.tls is not None:
             connection = self.tls.current().wrap_socket(connection, server_side=True, do_handshake_on_connect=False)
         return connection, address
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # A client that fails the TLS handshake (no or a wrong certificate, plain HTTP) is refused
-        # quietly: a scanner must not fill the broker's log with tracebacks.
-        log.debug("metrics endpoint: connection from %s refused", client_address, exc_info=True)
+        # quietly: a scanner must not fill the log with tracebacks.
+        log.debug("connection from %s refused", client_address, exc_info=True)
+
+
+class _Server(TlsAccepting, ThreadingWSGIServer):
+    pass
 
 
 def serve_http(app: Callable, host: str, port: int, *, tls: ReloadingSslContext | None = None,

@@ -9,6 +9,11 @@ Read-only: GET and HEAD only; every other method is refused with 405 before its 
 no request reaches a broker RPC that changes state. (Admin actions wait for user rights.) A request
 naming another host than the one listened on is refused with 403, so a web page elsewhere cannot
 read the console through a DNS name rebound to loopback.
+
+Off loopback the console needs a login and HTTPS (``login``, ``https_cert_file`` /
+``https_key_file``), as the broker needs access control and TLS there, unless the operator passes
+``allow_insecure_remote``. The login is checked by the broker (``connector.console.login``); the
+certificate files are re-read when they change.
 """
 
 from __future__ import annotations
@@ -22,8 +27,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from broker.config import is_loopback
+from broker.security.http import ReloadingSslContext, TlsAccepting
+from broker.wire.errors import InvalidOptionError
 from broker.wire.tls import TlsOptions
 from connector.client.admin import Admin
+from connector.console.login import BrokerLogin, LoginRefused
 from connector.console.snapshot import take_snapshot
 from connector.console.timeline import Timeline
 from connector.errors import OrderlyMQError
@@ -53,25 +62,38 @@ class ConsoleServer:
     brokers : str
         ``"host:port[,host:port]"``, as for every client.
     host : str
-        Address to listen on; loopback by default, as the console has no login.
+        Address to listen on; loopback by default. Any other needs ``login`` and HTTPS, or
+        ``allow_insecure_remote``.
     interval : float
         Seconds between two snapshots of the broker (the page polls at the same pace).
     tls : TlsOptions, optional
         How to reach a broker that serves TLS; credentials come from ``ORDERLYMQ_ACCESS_KEY`` /
         ``ORDERLYMQ_SECRET_KEY`` as for every client.
+    login : bool
+        Ask every request for HTTP Basic credentials (access key, secret key) of a broker user with
+        ``admin`` on ``broker``, checked by the broker.
+    https_cert_file, https_key_file : str
+        Serve HTTPS with this certificate and key (PEM) instead of HTTP.
+    allow_insecure_remote : bool
+        Listen off loopback without login or HTTPS anyway.
     """
 
     def __init__(self, brokers: str, *, host: str = "127.0.0.1", port: int = 8080, interval: float = 1.0,
-                 tls: TlsOptions | None = None) -> None:
+                 tls: TlsOptions | None = None, login: bool = False, https_cert_file: str = "",
+                 https_key_file: str = "", allow_insecure_remote: bool = False) -> None:
+        _check_exposure(host, login, https_cert_file, https_key_file, allow_insecure_remote)
         self.brokers = brokers
         self.interval = interval
+        self.login = BrokerLogin(brokers, tls) if login else None
         self._admin = Admin(brokers, timeout=max(2.0, interval), retry_timeout=interval, tls=tls)
         self._timeline = Timeline()
         self._state: dict[str, Any] = {"snapshot": None, "error": "connecting to the broker…", "error_since_ms": None}
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._http = ThreadingHTTPServer((host, port), _handler_for(self))
+        self._http = _HttpServer((host, port), _handler_for(self))
         self._http.daemon_threads = True
+        if https_cert_file:
+            self._http.tls = ReloadingSslContext(https_cert_file, https_key_file, server_name="console")
         self._threads = [
             threading.Thread(target=self._poll, name="console-poller", daemon=True),
             threading.Thread(target=self._http.serve_forever, name="console-http", daemon=True),
@@ -80,7 +102,7 @@ class ConsoleServer:
     @property
     def url(self) -> str:
         host, port = self._http.server_address[:2]
-        return f"http://{host}:{port}/"
+        return f"{'https' if self._http.tls else 'http'}://{host}:{port}/"
 
     def serves_host(self, host_header: str) -> bool:
         """Whether a request's ``Host`` names this console: its own address, or loopback when it
@@ -132,7 +154,8 @@ class ConsoleServer:
 
     def close(self) -> None:
         self._stop.set()
-        self._http.shutdown()
+        if self._threads[1].is_alive():  # shutdown() waits for a serve_forever that was never started
+            self._http.shutdown()
         self._http.server_close()
         for thread in self._threads:
             if thread.is_alive():
@@ -144,6 +167,25 @@ class ConsoleServer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _HttpServer(TlsAccepting, ThreadingHTTPServer):
+    pass
+
+
+def _check_exposure(host: str, login: bool, cert_file: str, key_file: str, allow_insecure_remote: bool) -> None:
+    if bool(cert_file) != bool(key_file):
+        raise InvalidOptionError("the console's HTTPS needs both a certificate and a key file (--https-cert-file, "
+                                 "--https-key-file)")
+    if is_loopback(host) or allow_insecure_remote:
+        return
+    missing = [what for what, given in (("--login", login), ("--https-cert-file/--https-key-file", cert_file))
+               if not given]
+    if missing:
+        raise InvalidOptionError(
+            f"the console would listen on {host}, reachable from other machines, without {' and '.join(missing)}: "
+            "anyone reaching it could read every topic, group and transaction. Give both, or "
+            "--allow-insecure-remote to accept that")
 
 
 def _handler_for(console: ConsoleServer) -> type[BaseHTTPRequestHandler]:
@@ -172,6 +214,14 @@ def _handler_for(console: ConsoleServer) -> type[BaseHTTPRequestHandler]:
                 self._reply(HTTPStatus.FORBIDDEN, b"unknown host: open the console by the address it listens on\n",
                             "text/plain; charset=utf-8", send_body=send_body)
                 return
+            if console.login is not None:
+                try:
+                    console.login.check(self.headers.get("Authorization", ""))
+                except LoginRefused as refused:
+                    self._reply(refused.status, f"{refused}\n".encode(), "text/plain; charset=utf-8",
+                                {"WWW-Authenticate": 'Basic realm="orderlymq console", charset="UTF-8"'},
+                                send_body=send_body)
+                    return
             path = self.path.split("?", 1)[0]
             if path == "/api/state":
                 body, kind = console.state_json(), "application/json"
