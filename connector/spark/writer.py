@@ -365,6 +365,7 @@ class _StagingSender(_Sender):
                             "%d earlier send(s) again in a new transaction on the group's master", part.txn_id,
                             group, exc, len(part.kept))
                 todo = part.kept + todo
+                self._kept_bytes -= sum(len(kept) for _, _, kept in part.kept)  # kept again once restaged
                 self._abandoned.append((group, part.txn_id))
                 part.renew(f"{self.txn_id}.r{len(self._abandoned)}", self.options.transaction_timeout_ms)
                 continue
