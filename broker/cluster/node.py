@@ -58,7 +58,7 @@ from broker.cluster.topics import TopicRegistry
 from broker.cluster.zk_security import zookeeper_client_options
 from broker.proto import orderlymq_pb2 as pb
 from broker.service import BrokerService
-from broker.wire.errors import NotMasterError
+from broker.wire.errors import BrokerUnavailableError, NotMasterError
 
 __all__ = ["ClusterNode", "Role"]
 
@@ -98,6 +98,7 @@ class ClusterNode:
         self.registry = TopicRegistry(self.control.client, config.cluster_name)
         self.topics = TopicKeeper(service, self.registry, config.broker_name)
         self.promise = CampaignPromise(config.zk_session_timeout_ms / 2000)
+        self._topic_reads: dict = {}  # the last answer of each topic read (``_topic_read``)
         self._fetcher: ReplicaFetcher | None = None
         self._state: GroupState | None = None
         self._wake = threading.Event()
@@ -162,20 +163,43 @@ class ClusterNode:
     # -- topics: the cluster's, any broker answers -----------------------------------------------
 
     def create_topic(self, topic: str, count: int, if_not_exists: bool) -> pb.TopicRoute:
+        self._require_zookeeper(f"create topic {topic}")
         return self.registry.route(topic, self.registry.create(topic, count, if_not_exists))
 
     def grow_topic(self, topic: str, count: int) -> pb.TopicRoute:
+        self._require_zookeeper(f"grow topic {topic}")
         return self.registry.route(topic, self.registry.grow(topic, count))
 
     def describe_topic(self, topic: str) -> pb.TopicRoute:
-        return self.registry.route(topic, self.registry.require(topic))
+        return self._topic_read(topic, lambda: self.registry.route(topic, self.registry.require(topic)))
 
     def list_topics(self) -> list[pb.TopicRoute]:
-        addresses: dict = {}
-        return [self.registry.route(t, layout, addresses) for t, layout in sorted(self.registry.layouts().items())]
+        def read() -> list[pb.TopicRoute]:
+            addresses: dict = {}
+            return [self.registry.route(t, layout, addresses) for t, layout in sorted(self.registry.layouts().items())]
+
+        return self._topic_read("", read)
 
     def delete_topic(self, topic: str) -> None:
+        self._require_zookeeper(f"delete topic {topic}")
         self.registry.delete(topic)
+
+    def _topic_read(self, key: str, read: Callable):
+        """A topic read from ZooKeeper; while it is unreachable, the last answer of this broker
+        (routes cannot change then: no group can elect a master without ZooKeeper), so clients
+        refreshing a route do not wait for ZooKeeper (a kazoo call waits for it to come back)."""
+        if self.control.connected:
+            answer = read()
+            self._topic_reads[key] = answer
+            return answer
+        if key in self._topic_reads:
+            return self._topic_reads[key]
+        self._require_zookeeper(f"read topic {key}" if key else "list topics")
+
+    def _require_zookeeper(self, what: str) -> None:
+        if not self.control.connected:
+            raise BrokerUnavailableError(f"cannot {what} now: broker {self.broker_id} of group "
+                                         f"{self.config.broker_name} cannot reach ZooKeeper; retry later")
 
     def describe_cluster(self) -> pb.DescribeClusterResponse:
         answer = pb.DescribeClusterResponse(cluster_name=self.config.cluster_name)

@@ -25,7 +25,7 @@ from connector.client import Admin
 from connector.client.connection import BrokerConnection, pb
 from connector.history import History, Send, check
 from tests.faults.fault_profile import PROFILE
-from tests.faults.workload import KeyedProducer, shutdown_all, start_orderly_group, stored_deliveries
+from tests.faults.workload import KeyedProducer, ack_stall, shutdown_all, start_orderly_group, stored_deliveries
 from tests.support import wait_until
 
 TOPIC, GROUP, QUEUES = "orders", "order-service", 4
@@ -76,11 +76,6 @@ def _stop(producers: list[KeyedProducer]) -> None:
         producer.join()
 
 
-def _ack_stall(producers: list[KeyedProducer], start: float, end: float) -> float:
-    acks = sorted([start, end] + [t for p in producers for t in list(p.ack_times) if start <= t <= end])
-    return max(b - a for a, b in zip(acks, acks[1:], strict=False))
-
-
 def _promote_alone(group, survivor) -> None:
     """Kill every other broker: ``survivor`` must be elected with what it holds."""
     for broker in group.brokers:
@@ -108,7 +103,7 @@ def test_a_wiped_slave_is_rebuilt_from_the_master_under_load(broker_group, fault
         wiped.start()
         started_s = time.monotonic() - since
         left_s, rebuilt_s = _rebuilt(group, wiped, since)
-        stall = _ack_stall(producers, killed - 1, time.time())
+        stall = ack_stall(producers, killed - 1, time.time())
         time.sleep(PROFILE.cycle_seconds)
         _stop(producers)
         caught_up = wait_until(history.delivered_all_acked, timeout=120)
@@ -203,7 +198,7 @@ def test_rolling_restart_of_every_broker_under_load(broker_group, fault_report):
             broker.stop()
             broker.start()
             back_s.append(round(_wait_in_sync_set(group, broker_id), 2))
-            stalls.append(round(_ack_stall(producers, stopped - 1, time.time()), 2))
+            stalls.append(round(ack_stall(producers, stopped - 1, time.time()), 2))
             epochs.append(group.health(group.wait_for_master()).group_epoch)
         time.sleep(PROFILE.cycle_seconds)
         _stop(producers)

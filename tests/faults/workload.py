@@ -22,6 +22,7 @@ from tests.support import pull_all
 __all__ = [
     "FAST_CONSUMER",
     "KeyedProducer",
+    "ack_stall",
     "body",
     "parse_body",
     "recording_listener",
@@ -96,6 +97,13 @@ class KeyedProducer(threading.Thread):
             self.history.sent(key, seq, acked=False)
             if len(self.failures) < 5:
                 self.failures.append(f"{key}:{seq}: {exc}")
+
+
+def ack_stall(producers: list[KeyedProducer], start: float, end: float) -> float:
+    """The longest time without any acknowledgement to ``producers`` between ``start`` and
+    ``end`` (wall clock): the outage their clients saw."""
+    acks = sorted([start, end] + [t for p in producers for t in list(p.ack_times) if start <= t <= end])
+    return max(b - a for a, b in zip(acks, acks[1:], strict=False))
 
 
 def recording_listener(history: History, name: str):
