@@ -1,7 +1,9 @@
 """Scenario 4: a Spark streaming pipeline (orderlymq -> UDF -> orderlymq, exactly once) on a real
 standalone cluster, through three failures: a task attempt that fails once (the UDF raises), the
 executor JVM killed with SIGKILL, and the driver killed with SIGKILL and started again from its
-checkpoint. The output topic must hold every input message once, each key in order."""
+checkpoint. The output topic must hold every input message once, each key in order. The same
+pipeline runs on a single broker and on two broker groups (the topics' queues spread over both,
+so every micro-batch commits a transaction part on each group)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import pytest
 from broker.wire.errors import TopicNotFoundError
 from connector.client import Admin, Producer
 from connector.client.connection import BrokerConnection, pb
+from connector.client.routed import RoutedConnection
 from connector.history import History, check
 from connector.spark.transactions import SINK_LOG_TOPIC
 from tests.faults.fault_profile import PROFILE
@@ -96,14 +99,32 @@ def test_pipeline_output_is_complete_ordered_and_once_through_task_executor_and_
     with Admin(proc.address) as admin:
         admin.create_topic(SOURCE, QUEUES)
         admin.create_topic(SINK, QUEUES)
+    run_pipeline_through_failures(proc.address, BrokerConnection(proc.address, retry_timeout=30), fault_report,
+                                  tmp_path, "4 Spark pipeline")
+
+
+def test_pipeline_across_two_broker_groups_through_task_executor_and_driver_failures(
+        broker_cluster, fault_report, tmp_path):
+    groups = broker_cluster(2, 1, flush="sync", min_sync_replicas=1)  # one broker a group: no slave to wait for
+    bootstrap = ",".join(group.addresses for group in groups)
+    with Admin(bootstrap) as admin:
+        for topic in (SOURCE, SINK):
+            admin.create_topic(topic, QUEUES)
+            assert len([g for g in admin.describe_topic(topic).groups if g.queue_ids]) == 2, "queues on both groups"
+    run_pipeline_through_failures(bootstrap, RoutedConnection(bootstrap, retry_timeout=30), fault_report, tmp_path,
+                                  "4 Spark pipeline on two broker groups")
+
+
+def run_pipeline_through_failures(address: str, conn, fault_report, tmp_path: Path, label: str) -> None:
+    """Input, the pipeline through a failed task, a killed executor and a killed driver, then its
+    restart from the checkpoint; the output judged by the strict checker."""
     history, seqs = History(), {}
     first = PROFILE.spark_messages * 2 // 3
-    produce(proc.address, history, seqs, first)
+    produce(address, history, seqs, first)
     marker = tmp_path / "failed-once.json"
-    args = ["--brokers", proc.address, "--source", SOURCE, "--sink", SINK, "--group", GROUP,
+    args = ["--brokers", address, "--source", SOURCE, "--sink", SINK, "--group", GROUP,
             "--checkpoint", str(tmp_path / "checkpoint"), "--fail-marker", str(marker),
             "--max-per-trigger", str(PROFILE.spark_max_per_trigger)]
-    conn = BrokerConnection(proc.address, retry_timeout=30)
     with StandaloneCluster(tmp_path) as cluster:
         driver = submit(cluster, tmp_path, "driver-1", *args, "--trigger", "interval")
         try:
@@ -125,13 +146,13 @@ def test_pipeline_output_is_complete_ordered_and_once_through_task_executor_and_
             driver.wait()
         in_flight = batch_in_flight(tmp_path / "checkpoint")
         planned = sink_plans(conn)
-        produce(proc.address, history, seqs, PROFILE.spark_messages - first)
+        produce(address, history, seqs, PROFILE.spark_messages - first)
         restarted = submit(cluster, tmp_path, "driver-2", *args, "--trigger", "available-now")
         assert restarted.wait(timeout=600) == 0, (tmp_path / "driver-2.log").read_text()[-3000:]
     output = check(history.sends, stored_deliveries(conn, SINK))
     source_committed = committed(conn, GROUP, SOURCE)
     conn.close()
-    fault_report("4 Spark pipeline: task failure, executor kill -9, driver kill -9 + restart", {"output": output},
+    fault_report(f"{label}: task failure, executor kill -9, driver kill -9 + restart", {"output": output},
                  failed_task=json.loads(marker.read_text()) if marker.exists() else None,
                  executor_killed=executor, output_at_executor_kill=at_executor_kill,
                  output_at_driver_kill=at_driver_kill, batch_in_flight_at_driver_kill=in_flight,
