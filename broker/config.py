@@ -8,7 +8,6 @@ every setting under one ``[broker]`` table, see ``conf/broker.toml``), then comm
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
 import os
 import re
 from collections.abc import Mapping
@@ -18,13 +17,14 @@ from typing import Any
 
 from broker.logs import LOG_FORMATS
 from broker.wire.errors import InvalidOptionError
+from broker.wire.https import is_loopback
 
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10: the same parser as a package
     import tomli as tomllib  # type: ignore[no-redef]
 
-__all__ = ["BrokerConfig", "TOML_TABLE", "is_loopback"]
+__all__ = ["BrokerConfig", "TOML_TABLE"]
 
 TOML_TABLE = "broker"
 
@@ -333,15 +333,6 @@ def _check_int(name: str, value: Any, low: int, high: int | None, unit: str) -> 
 def _check_text(name: str, value: Any) -> None:
     if not isinstance(value, str) or not value.strip():
         raise InvalidOptionError(f"{name} must be a non-empty string, got {value!r}")
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False  # a host name: it may resolve to any interface
 
 
 def _check_security(config: BrokerConfig) -> None:

@@ -18,8 +18,8 @@ from collections.abc import Callable
 
 import grpc
 
-from broker.security.watch import FileWatch
 from broker.wire.errors import InvalidOptionError
+from broker.wire.file_watch import FileWatch
 from broker.wire.tls import read_pem
 
 __all__ = ["server_credentials"]

@@ -22,9 +22,9 @@ from broker.security.acl import ACTIONS, AclDocument, load_acl
 from broker.security.hashing import verify_secret
 from broker.security.rights import ANY_PUBLISH, DESCRIBE, required_rights
 from broker.security.throttle import UNKNOWN_KEYS, FailureThrottle
-from broker.security.watch import FileWatch
 from broker.wire.credentials import ACCESS_KEY_HEADER, SECRET_KEY_HEADER
 from broker.wire.errors import InvalidOptionError, PermissionDeniedError, UnauthenticatedError
+from broker.wire.file_watch import FileWatch
 
 __all__ = ["AccessGuard"]
 

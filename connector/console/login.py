@@ -13,9 +13,9 @@ import threading
 import time
 from http import HTTPStatus
 
-from broker.security.http import basic_credentials
 from broker.wire.credentials import Credentials
 from broker.wire.errors import OrderlyMQError, PermissionDeniedError, UnauthenticatedError
+from broker.wire.https import basic_credentials
 from broker.wire.tls import TlsOptions
 from connector.client.admin import Admin
 

@@ -27,9 +27,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from broker.config import is_loopback
-from broker.security.http import ReloadingSslContext, TlsAccepting
 from broker.wire.errors import InvalidOptionError
+from broker.wire.https import ReloadingSslContext, TlsAccepting, is_loopback
 from broker.wire.tls import TlsOptions
 from connector.client.admin import Admin
 from connector.console.login import BrokerLogin, LoginRefused
