@@ -24,9 +24,8 @@ from connector.client.connection import BrokerConnection
 from connector.history import History, check
 from tests.client.helpers import FAST_BROKER
 from tests.faults.fault_profile import PROFILE
-from tests.faults.workload import KeyedProducer, shutdown_all, start_orderly_group, stored_deliveries
+from tests.faults.workload import KeyedProducer, drain, shutdown_all, start_orderly_group, stored_deliveries
 from tests.spark.helpers import committed
-from tests.support import wait_until
 
 TOPIC, GROUP, QUEUES = "orders", "order-service", 4
 FLUSH_INTERVAL_MS = 500
@@ -57,11 +56,7 @@ def crash_loop(proc, history: History) -> dict:
                 after = committed(conn, GROUP, TOPIC)
                 regressions += [f"queue {q}: {before[q]} -> {after[q]}" for q in range(QUEUES) if after[q] < before[q]]
             time.sleep(PROFILE.cycle_seconds)
-        for producer in producers:
-            producer.stop.set()
-        for producer in producers:
-            producer.join()
-        caught_up = wait_until(history.delivered_all_acked, timeout=120)
+        caught_up = drain(producers, history)
     finally:
         for producer in producers:
             producer.stop.set()

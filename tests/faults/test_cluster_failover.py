@@ -19,7 +19,7 @@ from connector.client import Admin
 from connector.client.connection import BrokerConnection
 from connector.history import History, check
 from tests.faults.fault_profile import PROFILE
-from tests.faults.workload import KeyedProducer, shutdown_all, start_orderly_group, stored_deliveries
+from tests.faults.workload import KeyedProducer, drain, shutdown_all, start_orderly_group, stored_deliveries
 from tests.support import wait_until
 
 TOPIC, GROUP, QUEUES = "orders", "order-service", 4
@@ -55,11 +55,7 @@ def test_master_kill9_fails_over_within_seconds_losing_nothing(broker_group, fau
             master.start()  # back as a slave: it cuts what the group never had and catches up
             first_acks.append(wait_until(lambda at=killed_wall: _first_ack_after(producers, at), timeout=60))
         time.sleep(PROFILE.cycle_seconds)
-        for producer in producers:
-            producer.stop.set()
-        for producer in producers:
-            producer.join()
-        caught_up = wait_until(history.delivered_all_acked, timeout=120)
+        caught_up = drain(producers, history)
     finally:
         for producer in producers:
             producer.stop.set()

@@ -30,6 +30,7 @@ from tests.faults.workload import (
     FAST_CONSUMER,
     KeyedProducer,
     body,
+    drain,
     parse_body,
     shutdown_all,
     start_orderly_group,
@@ -70,11 +71,7 @@ def _run_traffic(groups, history: History, during=None) -> tuple[list[KeyedProdu
         if during is not None:
             during()
         time.sleep(SECONDS / 2)
-        for producer in producers:
-            producer.stop.set()
-        for producer in producers:
-            producer.join()
-        caught_up = wait_until(history.delivered_all_acked, timeout=120)
+        caught_up = drain(producers, history)
     finally:
         for producer in producers:
             producer.stop.set()

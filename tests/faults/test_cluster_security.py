@@ -36,7 +36,7 @@ from connector.history import History, check
 from tests.faults.brokers import broker_process
 from tests.faults.cluster_group import CLUSTER_BROKER, BrokerGroup
 from tests.faults.fault_profile import PROFILE
-from tests.faults.workload import KeyedProducer, shutdown_all, start_orderly_group, stored_deliveries
+from tests.faults.workload import KeyedProducer, drain, shutdown_all, start_orderly_group, stored_deliveries
 from tests.security.pki import CertificateAuthority
 from tests.security.test_fuzz_auth import random_metadata
 from tests.support import wait_until
@@ -117,11 +117,7 @@ def test_tls_acl_group_fails_over_losing_nothing(broker_group, secure, fault_rep
             master.start()  # back as a slave, over TLS and as the replication user
             first_acks.append(wait_until(lambda at=killed_wall: _first_ack_after(producers, at), timeout=60))
         time.sleep(PROFILE.cycle_seconds)
-        for producer in producers:
-            producer.stop.set()
-        for producer in producers:
-            producer.join()
-        caught_up = wait_until(history.delivered_all_acked, timeout=120)
+        caught_up = drain(producers, history)
     finally:
         for producer in producers:
             producer.stop.set()
@@ -291,11 +287,7 @@ def test_a_topic_over_two_secure_groups_survives_a_master_kill(broker_cluster, s
         groups[1].wait_for_master(exclude=killed)
         killed.start()
         time.sleep(PROFILE.cycle_seconds * 2)
-        for producer in producers:
-            producer.stop.set()
-        for producer in producers:
-            producer.join()
-        caught_up = wait_until(history.delivered_all_acked, timeout=120)
+        caught_up = drain(producers, history)
     finally:
         for producer in producers:
             producer.stop.set()

@@ -17,7 +17,7 @@ from connector.client import ConsumeOrderlyStatus, Message, OrderlyConsumer, Pro
 from connector.client.connection import BrokerConnection, pb
 from connector.history import Delivery, History
 from tests.client.helpers import FAST
-from tests.support import pull_all
+from tests.support import pull_all, wait_until
 
 __all__ = [
     "FAST_CONSUMER",
@@ -131,6 +131,16 @@ def start_orderly_group(address: str, topic: str, group: str, members: int, hist
         consumers.append(consumer)
     return consumers
 
+
+
+def drain(producers: list[threading.Thread], history: History, timeout: float = 120.0) -> bool:
+    """Stop the producer threads (each has a ``stop`` event), wait for them, then until every
+    acknowledged send was delivered (False when that did not happen within ``timeout``)."""
+    for producer in producers:
+        producer.stop.set()
+    for producer in producers:
+        producer.join()
+    return bool(wait_until(history.delivered_all_acked, timeout=timeout))
 
 
 def shutdown_all(consumers: list[OrderlyConsumer]) -> None:
