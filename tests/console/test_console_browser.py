@@ -13,6 +13,7 @@ import urllib.error
 import urllib.request
 
 import pytest
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
@@ -22,9 +23,20 @@ GROUP = "billing"
 WAIT_S = 30  # an upper bound for a loaded machine, not a measurement: the test waits for the DOM
 
 
+def texts_of(driver, css: str) -> list[str]:
+    """The text of every element ``css`` selects, read again when the page re-rendered between
+    finding and reading (it does on every refresh)."""
+    for _ in range(10):
+        try:
+            return [element.text for element in driver.find_elements(By.CSS_SELECTOR, css)]
+        except StaleElementReferenceException:
+            continue
+    raise AssertionError(f"{css} kept being replaced while it was read")
+
+
 def text_of(driver, css: str) -> str | None:
-    found = driver.find_elements(By.CSS_SELECTOR, css)
-    return found[0].text if found else None
+    found = texts_of(driver, css)
+    return found[0] if found else None
 
 
 def wait_for_text(driver, css: str, expected: str) -> None:
@@ -76,7 +88,7 @@ def test_console_shows_topic_and_follows_the_lag_of_a_group_catching_up(
             and d.find_elements(By.CSS_SELECTOR, f'#rate-chart path[data-series="{topic_name}"]'),
             message="the lag and throughput charts never drew their series",
         )
-        holders = {row.text.split()[3] for row in chromium.find_elements(By.CSS_SELECTOR, "#locks tbody tr")}
+        holders = {text.split()[3] for text in texts_of(chromium, "#locks tbody tr")}
         assert holders == {consumer.client_id}
         screenshot = os.environ.get("ORDERLYMQ_CONSOLE_SCREENSHOT") or str(tmp_path / "console.png")
         assert chromium.save_screenshot(screenshot)
