@@ -23,6 +23,7 @@ from pathlib import Path
 import psutil
 import pyarrow as pa
 
+from bench.broker import _timed_threads
 from bench.report import Row
 from broker.cluster.local_cluster import LocalCluster
 from broker.cluster.zookeeper import ZooKeeperServer
@@ -58,23 +59,15 @@ def _measured(cluster: LocalCluster, run) -> _Measured:
 
 def _produce(producer: Producer, seconds: float, threads: int = 2) -> tuple[int, float]:
     table = _table(ROWS)
-    counts = [0] * threads
-    stop = threading.Event()
 
-    def work(i: int) -> None:
+    def work(stop: threading.Event, _thread: int) -> int:
+        sent = 0
         while not stop.is_set():
             producer.send_batch(TOPIC, table)
-            counts[i] += ROWS
+            sent += ROWS
+        return sent
 
-    workers = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
-    t0 = time.perf_counter()
-    for w in workers:
-        w.start()
-    time.sleep(seconds)
-    stop.set()
-    for w in workers:
-        w.join()
-    return sum(counts), time.perf_counter() - t0
+    return _timed_threads(work, threads, seconds)
 
 
 def _consume(consumer: PullConsumer, seconds: float) -> tuple[int, float]:
