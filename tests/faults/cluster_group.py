@@ -30,14 +30,15 @@ class BrokerGroup:
 
     def __init__(self, root: Path, zookeeper: str, size: int, name: str = "group-a", *,
                  tls: TlsOptions | None = None, credentials: Credentials | None = None,
-                 zookeeper_of: dict[int, str] | None = None, **settings) -> None:
-        """``zookeeper_of``: the ZooKeeper connect string of some brokers, when not ``zookeeper``."""
+                 settings_of: dict[int, dict] | None = None, **settings) -> None:
+        """``settings_of``: the settings in which some brokers differ from the rest (by broker id)."""
         self.name = name
         self.tls = tls  # how this harness asks the brokers for their health (secure groups)
         self.metadata = credentials.metadata() if credentials is not None else None
         self.brokers: list[BrokerProcess] = [
-            broker_process(root / f"broker-{i}", zookeeper=(zookeeper_of or {}).get(i, zookeeper), broker_name=name,
-                           broker_id=i, **(CLUSTER_BROKER | settings))
+            broker_process(root / f"broker-{i}", **(CLUSTER_BROKER | dict(zookeeper=zookeeper, broker_name=name,
+                                                                          broker_id=i) | settings
+                                                    | (settings_of or {}).get(i, {})))
             for i in range(size)
         ]
 
@@ -97,22 +98,27 @@ class BrokerGroup:
 
 class RoleWatch(threading.Thread):
     """Asks every broker of a group for its role and epoch, one after the other, until stopped:
-    ``answers`` holds ``(time.time() of the answer, broker_id, role, epoch)`` (unreachable brokers
-    left out). What split brain would look like: one epoch whose master was seen on two brokers, or
-    a master of an earlier epoch seen serving after one of a later epoch was."""
+    ``answers`` holds ``(asked, answered, broker_id, role, epoch)`` (``time.time()`` when the
+    question left and when its answer was in hand; unreachable brokers left out). The broker
+    decided its answer somewhere between the two, so a master was certainly serving after it was
+    asked and certainly had begun by the answer: a busy machine that delays answers widens the
+    window instead of faking an overlap. What split brain would look like: one epoch whose master
+    was seen on two brokers, or a master of an earlier epoch asked and serving after the master of
+    a later epoch had answered as master."""
 
     def __init__(self, group: BrokerGroup, interval_s: float = 0.03) -> None:
         super().__init__(name="role-watch", daemon=True)
         self.group, self.interval_s = group, interval_s
-        self.answers: list[tuple[float, int, str, int]] = []
+        self.answers: list[tuple[float, float, int, str, int]] = []
         self.stop = threading.Event()
 
     def run(self) -> None:
         while not self.stop.is_set():
             for broker_id, broker in enumerate(self.group.brokers):
+                asked = time.time()
                 health = self.group.health(broker)
                 if health is not None:
-                    self.answers.append((time.time(), broker_id, health.role, health.group_epoch))
+                    self.answers.append((asked, time.time(), broker_id, health.role, health.group_epoch))
                 self.stop.wait(self.interval_s)
 
     def finish(self) -> None:
@@ -122,17 +128,18 @@ class RoleWatch(threading.Thread):
     def masters_by_epoch(self) -> dict[int, set[int]]:
         """Each epoch and the brokers seen serving as its master."""
         out: dict[int, set[int]] = {}
-        for _, broker_id, role, epoch in self.answers:
+        for _, _, broker_id, role, epoch in self.answers:
             if role == "MASTER":
                 out.setdefault(epoch, set()).add(broker_id)
         return out
 
     def serving(self, epoch: int) -> tuple[float, float]:
-        """When the master of ``epoch`` was first and last seen serving."""
-        times = [t for t, _, role, e in self.answers if role == "MASTER" and e == epoch]
-        return min(times), max(times)
+        """By when the master of ``epoch`` had certainly begun serving (its first answer as master
+        was in hand) and until when it certainly still served (its last such answer was asked)."""
+        spans = [(asked, answered) for asked, answered, _, role, e in self.answers if role == "MASTER" and e == epoch]
+        return min(answered for _, answered in spans), max(asked for asked, _ in spans)
 
     def overlapping_epochs(self) -> list[tuple[int, int]]:
-        """Pairs of epochs whose masters were seen serving at overlapping times."""
+        """Pairs of epochs whose masters certainly served at the same time."""
         spans = sorted((e, *self.serving(e)) for e in self.masters_by_epoch())
         return [(a[0], b[0]) for a, b in zip(spans, spans[1:], strict=False) if a[2] >= b[1]]

@@ -83,6 +83,22 @@ def broker_cluster(tmp_path, zookeeper):
         group.kill_all()
 
 
+@pytest.fixture
+def tcp_proxy():
+    """``tcp_proxy(target=None)`` starts a ``TcpProxy`` (one link a test cuts); all are closed at the end."""
+    from tests.faults.tcp_proxy import TcpProxy
+
+    proxies: list = []
+
+    def start(target: str | None = None):
+        proxies.append(TcpProxy(target))
+        return proxies[-1]
+
+    yield start
+    for proxy in proxies:
+        proxy.close()
+
+
 def pytest_terminal_summary(terminalreporter):
     if SUMMARIES:
         terminalreporter.section("fault scenarios")

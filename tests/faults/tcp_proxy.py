@@ -10,12 +10,14 @@ __all__ = ["TcpProxy"]
 
 
 class TcpProxy:
-    """Forwards ``127.0.0.1:<port>`` to ``target`` (``host:port``). ``cut()`` drops every
-    connection and refuses new ones (they are closed at once) until ``heal()``."""
+    """Forwards ``127.0.0.1:<port>`` to ``target`` (``host:port``; or the one ``forward_to`` names
+    later, for a target that must know the proxy's address before it starts). ``cut()`` drops
+    every connection and refuses new ones (they are closed at once) until ``heal()``."""
 
-    def __init__(self, target: str) -> None:
-        host, _, port = target.rpartition(":")
-        self.target = (host, int(port))
+    def __init__(self, target: str | None = None) -> None:
+        self.target: tuple[str, int] | None = None  # connections are refused until it is known
+        if target is not None:
+            self.forward_to(target)
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
         self._cut = threading.Event()
@@ -26,6 +28,10 @@ class TcpProxy:
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    def forward_to(self, target: str) -> None:
+        host, _, port = target.rpartition(":")
+        self.target = (host, int(port))
 
     def cut(self) -> None:
         self._cut.set()
@@ -47,7 +53,7 @@ class TcpProxy:
                 client, _ = self._listener.accept()
             except OSError:
                 return  # closed
-            if self._cut.is_set():
+            if self._cut.is_set() or self.target is None:
                 _close(client)
                 continue
             try:

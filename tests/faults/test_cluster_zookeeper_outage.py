@@ -28,7 +28,6 @@ from connector.client.connection import BrokerConnection
 from connector.history import History, check
 from tests.faults.cluster_group import RoleWatch
 from tests.faults.fault_profile import PROFILE
-from tests.faults.tcp_proxy import TcpProxy
 from tests.faults.workload import KeyedProducer, ack_stall, shutdown_all, start_orderly_group, stored_deliveries
 from tests.support import wait_until
 
@@ -40,6 +39,12 @@ RESTART_SESSION_MS = 6_000
 # (name, seconds ZooKeeper stays down): a quick restart, then a stop past the session timeout
 OUTAGES = [("restart", 0.0),
            ("stopped past the session", 2 * RESTART_SESSION_MS / 1000 if PROFILE.name == "short" else 60.0)]
+LATE_ACKS = 20  # acknowledged after an outage's planned length, before ZooKeeper comes back
+
+
+def _acked(producers: list[KeyedProducer], start: float, end: float) -> int:
+    """Sends acknowledged between ``start`` and ``end`` (wall clock)."""
+    return sum(1 for p in producers for t in list(p.ack_times) if start <= t <= end)
 
 
 def _traffic(group, history: History) -> tuple[list, list[KeyedProducer]]:
@@ -70,7 +75,10 @@ def _judge(group, history: History, watch: RoleWatch) -> tuple:
 
 
 def _assert_no_split_brain_and_nothing_lost(watch: RoleWatch, masters: dict, log, consumed, caught_up: bool) -> None:
-    assert not watch.overlapping_epochs(), f"masters of two epochs served at once: {watch.overlapping_epochs()}"
+    overlaps = watch.overlapping_epochs()
+    assert not overlaps, f"masters of two epochs served at once: {overlaps}; " + "; ".join(
+        f"epoch {e}: certainly serving from {first:.3f} until {last:.3f}" for e, first, last in
+        ((e, *watch.serving(e)) for pair in overlaps for e in pair))
     assert all(len(brokers) == 1 for brokers in masters.values()), f"an epoch had two masters: {masters}"
     assert log.ok, str(log)
     assert caught_up and consumed.lost == 0, str(consumed)
@@ -94,17 +102,18 @@ def test_zookeeper_restarts_change_no_master_and_the_data_path_goes_on(broker_gr
             stopped = time.time()
             zookeeper.stop()
             time.sleep(down_s)
+            late = time.time()  # past a session timeout in the stop, past the route caches in the long form
             with Admin(group.addresses, timeout=5.0) as admin:  # a route refresh, answered without ZooKeeper
                 described = admin.describe_topic(TOPIC).queue_count
+            # ZooKeeper stays down until sends are acknowledged this late in the outage (however slow
+            # the machine): a data path that stopped without it never gets them.
+            acked_late = wait_until(lambda since=late: _acked(producers, since, time.time()) >= LATE_ACKS, timeout=60)
             zookeeper.start()  # same data dir and port; the fixture stops it at the end
             back = time.time()
-            acked_while_down = sum(1 for p in producers for t in list(p.ack_times) if stopped <= t <= back)
-            late = back - (back - stopped) / 3  # the last third: after route caches expired, in the long form
-            acked_late = sum(1 for p in producers for t in list(p.ack_times) if late <= t <= back)
             time.sleep(RESTART_SESSION_MS / 1000)  # sessions resumed, or expired and a new election ran
-            figures[name] = dict(down_s=round(back - stopped, 1), acked_while_down=acked_while_down,
+            figures[name] = dict(down_s=round(back - stopped, 1), acked_while_down=_acked(producers, stopped, back),
                                  queues_described_while_down=described,
-                                 acked_in_its_last_third=acked_late,
+                                 acked_late_in_the_outage=_acked(producers, late, back) if acked_late else 0,
                                  longest_ack_stall_s=round(ack_stall(producers, stopped - 1, time.time()), 2),
                                  epoch_before=epoch, epoch_after=group.health(group.wait_for_master()).group_epoch)
         caught_up = _drain(producers, history)
@@ -121,14 +130,15 @@ def test_zookeeper_restarts_change_no_master_and_the_data_path_goes_on(broker_gr
     _assert_no_split_brain_and_nothing_lost(watch, masters, log, consumed, caught_up)
     for name, f in figures.items():
         assert f["queues_described_while_down"] == QUEUES, f
-        assert f["acked_in_its_last_third"] > 0, f"sends stopped being acknowledged while ZooKeeper was down ({name})"
+        assert f["acked_late_in_the_outage"] >= LATE_ACKS, (
+            f"sends stopped being acknowledged while ZooKeeper was down ({name}): {f}")
         assert f["epoch_after"] == f["epoch_before"], f"the master changed although sessions survive ({name}): {f}"
 
 
-def test_master_cut_off_from_zookeeper_stops_serving_before_another_is_elected(broker_group, zookeeper,
+def test_master_cut_off_from_zookeeper_stops_serving_before_another_is_elected(broker_group, zookeeper, tcp_proxy,
                                                                                fault_report):
-    proxy = TcpProxy(zookeeper.connect_string)
-    group = broker_group(3, zookeeper_of={0: proxy.address})
+    proxy = tcp_proxy(zookeeper.connect_string)
+    group = broker_group(3, settings_of={0: {"zookeeper": proxy.address}})
     old = group.brokers[0]
     history = History()
     consumers, producers = _traffic(group, history)
@@ -149,7 +159,7 @@ def test_master_cut_off_from_zookeeper_stops_serving_before_another_is_elected(b
         healed = time.monotonic()
         fenced = group.wait_for_role(old, "SLAVE")
         rejoined_s = time.monotonic() - healed
-        acked_after_cut = sum(1 for p in producers for t in list(p.ack_times) if cut <= t <= elected)
+        acked_after_cut = _acked(producers, cut, elected)
         stall = ack_stall(producers, cut - 1, elected + PROFILE.cycle_seconds)
         caught_up = _drain(producers, history)
     finally:
@@ -157,10 +167,7 @@ def test_master_cut_off_from_zookeeper_stops_serving_before_another_is_elected(b
             producer.stop.set()
         watch.finish()
         shutdown_all(consumers)
-    try:
-        log, consumed, masters = _judge(group, history, watch)  # topic calls read ZooKeeper: through the proxy
-    finally:
-        proxy.close()
+    log, consumed, masters = _judge(group, history, watch)  # topic calls read ZooKeeper: through the proxy
     old_last_master = watch.serving(1)[1]
     new_first_master = watch.serving(new_epoch)[0]
     fault_report("cluster: master cut off from ZooKeeper alone", {"log": log, "consumed": consumed},
