@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -16,8 +17,11 @@ from broker.wire.credentials import Credentials
 from broker.wire.tls import TlsOptions
 from connector.client.connection import open_channel
 from tests.faults.brokers import broker_process
+from tests.faults.fault_profile import PROFILE
+from tests.faults.workload import KeyedProducer, first_ack_after
+from tests.support import wait_until
 
-__all__ = ["CLUSTER_BROKER", "BrokerGroup", "RoleWatch"]
+__all__ = ["CLUSTER_BROKER", "BrokerGroup", "Failover", "RoleWatch", "kill_masters"]
 
 # Short sessions and lag timeouts so failovers take seconds, and short leases like the client tests'.
 CLUSTER_BROKER = dict(zk_session_timeout_ms=2_000, replica_lag_timeout_ms=1_500, lock_lease_ms=5_000,
@@ -143,3 +147,29 @@ class RoleWatch(threading.Thread):
         """Pairs of epochs whose masters certainly served at the same time."""
         spans = sorted((e, *self.serving(e)) for e in self.masters_by_epoch())
         return [(a[0], b[0]) for a, b in zip(spans, spans[1:], strict=False) if a[2] >= b[1]]
+
+
+@dataclass
+class Failover:
+    election_s: float  # from the kill -9 until another broker answered as master
+    epoch: int  # the new master's group epoch
+    first_ack_s: float | None  # from the kill -9 until a send was acknowledged again
+
+
+def kill_masters(group: BrokerGroup, producers: list[KeyedProducer], kills: int) -> list[Failover]:
+    """``kills`` times, a fault cycle apart: kill -9 the master, wait for another, start the killed
+    broker again (back as a slave: it cuts what the group never had and catches up) and wait for a
+    send acknowledged after the kill."""
+    failovers = []
+    for _ in range(kills):
+        time.sleep(PROFILE.cycle_seconds)
+        master = group.wait_for_master()
+        master.kill9()
+        killed_wall, killed = time.time(), time.monotonic()
+        promoted = group.wait_for_master(exclude=master)
+        election_s = time.monotonic() - killed
+        epoch = group.health(promoted).group_epoch
+        master.start()
+        first_ack_s = wait_until(lambda at=killed_wall: first_ack_after(producers, at), timeout=60)
+        failovers.append(Failover(election_s, epoch, first_ack_s))
+    return failovers

@@ -9,7 +9,7 @@ from pathlib import Path
 from connector.client import Admin
 from connector.client.connection import BrokerConnection, pb
 from connector.history import History
-from tests.faults.fault_profile import PROFILE
+from tests.faults import workload
 from tests.faults.workload import KeyedProducer, stored_deliveries
 
 __all__ = ["all_acked_copied", "copy_query", "keyed_producers", "visible"]
@@ -21,8 +21,7 @@ def keyed_producers(address: str, source: str, sink: str, queues: int, history: 
     with Admin(address) as admin:
         admin.create_topic(source, queues)
         admin.create_topic(sink, queues)
-    return [KeyedProducer(address, source, [f"p{p}-k{k}" for k in range(PROFILE.keys_per_producer)], history,
-                          rate=PROFILE.send_rate) for p in range(PROFILE.producers)]
+    return workload.keyed_producers(address, source, history)
 
 
 def all_acked_copied(conn: BrokerConnection, sink: str, history: History) -> bool:

@@ -24,7 +24,7 @@ from connector.client.connection import BrokerConnection
 from connector.history import History, check
 from tests.client.helpers import FAST_BROKER
 from tests.faults.fault_profile import PROFILE
-from tests.faults.workload import KeyedProducer, drain, shutdown_all, start_orderly_group, stored_deliveries
+from tests.faults.workload import drain, keyed_producers, shutdown_all, start_orderly_group, stored_deliveries
 from tests.spark.helpers import committed
 
 TOPIC, GROUP, QUEUES = "orders", "order-service", 4
@@ -36,11 +36,7 @@ def crash_loop(proc, history: History) -> dict:
     with Admin(proc.address) as admin:
         admin.create_topic(TOPIC, QUEUES)
     consumers = start_orderly_group(proc.address, TOPIC, GROUP, PROFILE.consumers, history)
-    producers = [
-        KeyedProducer(proc.address, TOPIC, [f"p{p}-k{k}" for k in range(PROFILE.keys_per_producer)], history,
-                      rate=PROFILE.send_rate)
-        for p in range(PROFILE.producers)
-    ]
+    producers = keyed_producers(proc.address, TOPIC, history)
     kills: list[float] = []
     regressions: list[str] = []
     try:

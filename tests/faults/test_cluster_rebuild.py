@@ -25,7 +25,14 @@ from connector.client import Admin
 from connector.client.connection import BrokerConnection, pb
 from connector.history import History, Send, check
 from tests.faults.fault_profile import PROFILE
-from tests.faults.workload import KeyedProducer, ack_stall, shutdown_all, start_orderly_group, stored_deliveries
+from tests.faults.workload import (
+    KeyedProducer,
+    ack_stall,
+    keyed_producers,
+    shutdown_all,
+    start_orderly_group,
+    stored_deliveries,
+)
 from tests.support import wait_until
 
 TOPIC, GROUP, QUEUES = "orders", "order-service", 4
@@ -63,12 +70,6 @@ def _rebuilt(group, broker, since: float, timeout: float = 120.0) -> tuple[float
     raise AssertionError(f"broker {broker_id} did not catch up and rejoin the sync-state set within {timeout:.0f}s")
 
 
-def _producers(group, history: History) -> list[KeyedProducer]:
-    return [KeyedProducer(group.addresses, TOPIC, [f"p{p}-k{k}" for k in range(PROFILE.keys_per_producer)],
-                          history, rate=PROFILE.send_rate)
-            for p in range(PROFILE.producers)]
-
-
 def _stop(producers: list[KeyedProducer]) -> None:
     for producer in producers:
         producer.stop.set()
@@ -90,7 +91,7 @@ def test_a_wiped_slave_is_rebuilt_from_the_master_under_load(broker_group, fault
         admin.create_topic(TOPIC, QUEUES)
     history = History()
     consumers = start_orderly_group(group.addresses, TOPIC, GROUP, PROFILE.consumers, history)
-    producers = _producers(group, history)
+    producers = keyed_producers(group.addresses, TOPIC, history)
     wiped = group.brokers[2]
     try:
         for producer in producers:
@@ -129,7 +130,7 @@ def test_a_slave_behind_the_masters_retention_catches_up_on_its_own(broker_group
     with Admin(group.addresses) as admin:
         admin.create_topic(TOPIC, QUEUES)
     history = History()
-    producers = _producers(group, history)
+    producers = keyed_producers(group.addresses, TOPIC, history)
     behind = group.brokers[2]
     try:
         for producer in producers:
@@ -186,7 +187,7 @@ def test_rolling_restart_of_every_broker_under_load(broker_group, fault_report):
         admin.create_topic(TOPIC, QUEUES)
     history = History()
     consumers = start_orderly_group(group.addresses, TOPIC, GROUP, PROFILE.consumers, history)
-    producers = _producers(group, history)
+    producers = keyed_producers(group.addresses, TOPIC, history)
     back_s, stalls, epochs = [], [], []
     try:
         for producer in producers:

@@ -18,7 +18,7 @@ from connector.client import Admin
 from connector.client.connection import BrokerConnection, pb
 from connector.history import History, check
 from tests.faults.fault_profile import PROFILE
-from tests.faults.workload import KeyedProducer, stored_deliveries
+from tests.faults.workload import keyed_producers, stored_deliveries
 
 TOPIC, GROUP, QUEUES = "orders", "order-service", 4
 
@@ -36,9 +36,7 @@ def test_sync_replication_puts_every_acknowledged_send_on_the_slave(broker_group
         admin.create_topic(TOPIC, QUEUES)
     history = History()
     per_producer = 10 * PROFILE.send_rate
-    producers = [KeyedProducer(group.addresses, TOPIC, [f"p{p}-k{k}" for k in range(PROFILE.keys_per_producer)],
-                               history, rate=10 * PROFILE.send_rate, limit=per_producer)
-                 for p in range(PROFILE.producers)]
+    producers = keyed_producers(group.addresses, TOPIC, history, rate=10 * PROFILE.send_rate, limit=per_producer)
     started = time.monotonic()
     for producer in producers:
         producer.start()

@@ -31,6 +31,7 @@ from tests.faults.workload import (
     KeyedProducer,
     body,
     drain,
+    keyed_producers,
     parse_body,
     shutdown_all,
     start_orderly_group,
@@ -62,8 +63,7 @@ def _run_traffic(groups, history: History, during=None) -> tuple[list[KeyedProdu
     the group was handed every acknowledged send by the end."""
     bootstrap = _bootstrap(groups)
     consumers = start_orderly_group(bootstrap, TOPIC, GROUP, 2, history)
-    producers = [KeyedProducer(bootstrap, TOPIC, [f"p{p}-k{k}" for k in range(PROFILE.keys_per_producer)], history,
-                               rate=PROFILE.send_rate) for p in range(PROFILE.producers)]
+    producers = keyed_producers(bootstrap, TOPIC, history)
     try:
         for producer in producers:
             producer.start()

@@ -34,9 +34,9 @@ from connector.client.connection import BrokerConnection, open_channel
 from connector.client.routed import RoutedConnection
 from connector.history import History, check
 from tests.faults.brokers import broker_process
-from tests.faults.cluster_group import CLUSTER_BROKER, BrokerGroup
+from tests.faults.cluster_group import CLUSTER_BROKER, BrokerGroup, kill_masters
 from tests.faults.fault_profile import PROFILE
-from tests.faults.workload import KeyedProducer, drain, shutdown_all, start_orderly_group, stored_deliveries
+from tests.faults.workload import drain, keyed_producers, shutdown_all, start_orderly_group, stored_deliveries
 from tests.security.pki import CertificateAuthority
 from tests.security.test_fuzz_auth import random_metadata
 from tests.support import wait_until
@@ -44,11 +44,6 @@ from tests.support import wait_until
 TOPIC, GROUP, QUEUES = "orders", "order-service", 4
 KILLS = 2 if PROFILE.name == "short" else 6
 SECRETS = {"admin": "admin-secret-0001", "app": "app-secret-000002", "replicator": "replicator-secret-3"}
-
-
-def _first_ack_after(producers: list[KeyedProducer], moment: float) -> float | None:
-    later = [t for p in producers for t in list(p.ack_times) if t > moment]
-    return min(later) - moment if later else None
 
 
 def creds(user: str) -> Credentials:
@@ -100,22 +95,11 @@ def test_tls_acl_group_fails_over_losing_nothing(broker_group, secure, fault_rep
         admin.create_topic(TOPIC, QUEUES)
     history = History()
     consumers = start_orderly_group(group.addresses, TOPIC, GROUP, PROFILE.consumers, history, **secure.client("app"))
-    producers = [KeyedProducer(group.addresses, TOPIC, [f"p{p}-k{k}" for k in range(PROFILE.keys_per_producer)],
-                               history, rate=PROFILE.send_rate, **secure.client("app"))
-                 for p in range(PROFILE.producers)]
-    elections, first_acks = [], []
+    producers = keyed_producers(group.addresses, TOPIC, history, **secure.client("app"))
     try:
         for producer in producers:
             producer.start()
-        for _ in range(KILLS):
-            time.sleep(PROFILE.cycle_seconds)
-            master = group.wait_for_master()
-            master.kill9()
-            killed_wall, killed = time.time(), time.monotonic()
-            group.wait_for_master(exclude=master)
-            elections.append(time.monotonic() - killed)
-            master.start()  # back as a slave, over TLS and as the replication user
-            first_acks.append(wait_until(lambda at=killed_wall: _first_ack_after(producers, at), timeout=60))
+        failovers = kill_masters(group, producers, KILLS)  # each killed broker comes back over TLS, as the replication user
         time.sleep(PROFILE.cycle_seconds)
         caught_up = drain(producers, history)
     finally:
@@ -126,8 +110,8 @@ def test_tls_acl_group_fails_over_losing_nothing(broker_group, secure, fault_rep
         log = check(history.sends, stored_deliveries(conn, TOPIC))
     consumed = history.check()
     fault_report("cluster: TLS + ACL group, master kill -9 loop, 3 brokers", {"log": log, "consumed": consumed},
-                 kills=KILLS, election_s_max=round(max(elections), 2),
-                 first_ack_after_kill_s_max=round(max(a or 0 for a in first_acks), 2),
+                 kills=KILLS, election_s_max=round(max(f.election_s for f in failovers), 2),
+                 first_ack_after_kill_s_max=round(max(f.first_ack_s or 0 for f in failovers), 2),
                  send_failures=sum(len(p.failures) for p in producers))
     assert log.ok and log.acked > 0, str(log)
     assert caught_up and consumed.lost == 0, str(consumed)
@@ -276,8 +260,7 @@ def test_a_topic_over_two_secure_groups_survives_a_master_kill(broker_cluster, s
         admin.create_topic(TOPIC, QUEUES)
     history = History()
     consumers = start_orderly_group(bootstrap, TOPIC, GROUP, 2, history, **secure.client("app"))
-    producers = [KeyedProducer(bootstrap, TOPIC, [f"p{p}-k{k}" for k in range(PROFILE.keys_per_producer)], history,
-                               rate=PROFILE.send_rate, **secure.client("app")) for p in range(PROFILE.producers)]
+    producers = keyed_producers(bootstrap, TOPIC, history, **secure.client("app"))
     try:
         for producer in producers:
             producer.start()

@@ -28,7 +28,15 @@ from connector.client.connection import BrokerConnection
 from connector.history import History, check
 from tests.faults.cluster_group import RoleWatch
 from tests.faults.fault_profile import PROFILE
-from tests.faults.workload import KeyedProducer, ack_stall, shutdown_all, start_orderly_group, stored_deliveries
+from tests.faults.workload import (
+    KeyedProducer,
+    ack_stall,
+    drain,
+    keyed_producers,
+    shutdown_all,
+    start_orderly_group,
+    stored_deliveries,
+)
 from tests.support import wait_until
 
 TOPIC, GROUP, QUEUES = "orders", "order-service", 4
@@ -52,19 +60,8 @@ def _traffic(group, history: History) -> tuple[list, list[KeyedProducer]]:
     with Admin(group.addresses) as admin:
         admin.create_topic(TOPIC, QUEUES)
     consumers = start_orderly_group(group.addresses, TOPIC, GROUP, PROFILE.consumers, history)
-    producers = [KeyedProducer(group.addresses, TOPIC, [f"p{p}-k{k}" for k in range(PROFILE.keys_per_producer)],
-                               history, rate=PROFILE.send_rate)
-                 for p in range(PROFILE.producers)]
+    producers = keyed_producers(group.addresses, TOPIC, history)
     return consumers, producers
-
-
-def _drain(producers: list[KeyedProducer], history: History) -> bool:
-    time.sleep(PROFILE.cycle_seconds)
-    for producer in producers:
-        producer.stop.set()
-    for producer in producers:
-        producer.join()
-    return wait_until(history.delivered_all_acked, timeout=120)
 
 
 def _judge(group, history: History, watch: RoleWatch) -> tuple:
@@ -116,7 +113,8 @@ def test_zookeeper_restarts_change_no_master_and_the_data_path_goes_on(broker_gr
                                  acked_late_in_the_outage=_acked(producers, late, back) if acked_late else 0,
                                  longest_ack_stall_s=round(ack_stall(producers, stopped - 1, time.time()), 2),
                                  epoch_before=epoch, epoch_after=group.health(group.wait_for_master()).group_epoch)
-        caught_up = _drain(producers, history)
+        time.sleep(PROFILE.cycle_seconds)
+        caught_up = drain(producers, history)
     finally:
         for producer in producers:
             producer.stop.set()
@@ -161,7 +159,8 @@ def test_master_cut_off_from_zookeeper_stops_serving_before_another_is_elected(b
         rejoined_s = time.monotonic() - healed
         acked_after_cut = _acked(producers, cut, elected)
         stall = ack_stall(producers, cut - 1, elected + PROFILE.cycle_seconds)
-        caught_up = _drain(producers, history)
+        time.sleep(PROFILE.cycle_seconds)
+        caught_up = drain(producers, history)
     finally:
         for producer in producers:
             producer.stop.set()

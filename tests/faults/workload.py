@@ -17,6 +17,7 @@ from connector.client import ConsumeOrderlyStatus, Message, OrderlyConsumer, Pro
 from connector.client.connection import BrokerConnection, pb
 from connector.history import Delivery, History
 from tests.client.helpers import FAST
+from tests.faults.fault_profile import PROFILE
 from tests.support import pull_all, wait_until
 
 __all__ = [
@@ -24,6 +25,8 @@ __all__ = [
     "KeyedProducer",
     "ack_stall",
     "body",
+    "first_ack_after",
+    "keyed_producers",
     "parse_body",
     "recording_listener",
     "shutdown_all",
@@ -97,6 +100,20 @@ class KeyedProducer(threading.Thread):
             self.history.sent(key, seq, acked=False)
             if len(self.failures) < 5:
                 self.failures.append(f"{key}:{seq}: {exc}")
+
+
+def keyed_producers(address: str, topic: str, history: History, **options) -> list[KeyedProducer]:
+    """The fault profile's producers on ``topic``, not started: each with keys of its own, at the
+    profile's send rate unless ``rate`` is given (``options``: the rest of ``KeyedProducer``'s)."""
+    return [KeyedProducer(address, topic, [f"p{p}-k{k}" for k in range(PROFILE.keys_per_producer)], history,
+                          **(dict(rate=PROFILE.send_rate) | options))
+            for p in range(PROFILE.producers)]
+
+
+def first_ack_after(producers: list[KeyedProducer], moment: float) -> float | None:
+    """Seconds from ``moment`` (wall clock) to the first acknowledgement after it, None before one."""
+    later = [t for p in producers for t in list(p.ack_times) if t > moment]
+    return min(later) - moment if later else None
 
 
 def ack_stall(producers: list[KeyedProducer], start: float, end: float) -> float:
