@@ -118,7 +118,8 @@ class _Transport:
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
 
     def send_on_loop(self, request: pb.SendRequest) -> bool:
-        return self.sends_on_loop and not request.txn_id and len(request.batch) <= _ON_LOOP_SEND_BYTES
+        # ByteSize, not len(request.batch): reading a bytes field copies it, megabytes for a big batch.
+        return self.sends_on_loop and not request.txn_id and request.ByteSize() <= _ON_LOOP_SEND_BYTES
 
     async def send(self, request: pb.SendRequest) -> pb.SendResponse:
         if self.send_on_loop(request):

@@ -27,7 +27,7 @@ import pyarrow as pa
 from broker.persist import disk_full_as_error, fsync_dir
 from broker.storage import compaction
 from broker.storage.arrivals import Arrivals
-from broker.storage.record import HEADER, RecordHeader, frame, parse_header, producer_hash
+from broker.storage.record import HEADER, RecordHeader, frame, header_for, parse_header, producer_hash
 from broker.storage.segment import CutReport, Segment
 from broker.wire import codec
 from broker.wire.errors import DamagedRecordError, OffsetOutOfRangeError, TopicNotFoundError
@@ -197,11 +197,12 @@ class QueueLog:
             active = self.segments[-1]
             base = active.next_offset
             store_ts = max(self.clock(), active.last_store_ts)
-            framed = frame(body, base, count, store_ts, phash, sequence)
+            head = header_for(body, base, count, store_ts, phash, sequence)
+            header = parse_header(head)
             with disk_full_as_error(self.data_dir, f"store {count} message(s) in queue {self._name}"):
-                if active.size and active.size + len(framed) > self.segment_bytes:
+                if active.size and active.size + header.size > self.segment_bytes:
                     active = self._roll()
-                active.append(framed, parse_header(framed), sync=self.sync)
+                active.append((head, body), header, sync=self.sync)
             if not self.sync:
                 self.dirty = True
             result = AppendResult(base, count, store_ts)
@@ -255,7 +256,7 @@ class QueueLog:
                 with disk_full_as_error(self.data_dir, f"replicate {header.count} message(s) into queue {self._name}"):
                     if active.size and active.size + len(framed) > self.segment_bytes:
                         active = self._roll()
-                    active.append(framed, header, sync=self.sync)
+                    active.append((framed,), header, sync=self.sync)
                 if header.producer_hash:
                     self._remember(header.producer_hash, header.sequence,
                                    AppendResult(header.base_offset, header.count, header.store_ts))

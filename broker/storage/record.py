@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import crc32c
 import xxhash
 
-__all__ = ["HEADER", "MAGIC", "RecordHeader", "frame", "parse_header", "producer_hash", "verify"]
+__all__ = ["HEADER", "MAGIC", "RecordHeader", "frame", "header_for", "parse_header", "producer_hash", "verify"]
 
 MAGIC = 0x314D514F  # "OQM1"
 HEADER = struct.Struct("<IIIqiqQq")
@@ -52,11 +52,17 @@ def producer_hash(producer_id: str) -> int:
     return xxhash.xxh64_intdigest(producer_id.encode("utf-8")) or 1 if producer_id else 0
 
 
-def frame(body: bytes, base_offset: int, count: int, store_ts: int, phash: int = 0, sequence: int = -1) -> bytes:
-    """Header + body, ready to append."""
+def header_for(body: bytes | memoryview, base_offset: int, count: int, store_ts: int, phash: int = 0,
+               sequence: int = -1) -> bytes:
+    """The header of a record holding ``body``: written before it, the body needs no copy."""
     tail = struct.pack("<qiqQq", base_offset, count, store_ts, phash, sequence)
     crc = crc32c.crc32c(body, crc32c.crc32c(tail))
-    return struct.pack("<III", MAGIC, len(body), crc) + tail + body
+    return struct.pack("<III", MAGIC, len(body), crc) + tail
+
+
+def frame(body: bytes, base_offset: int, count: int, store_ts: int, phash: int = 0, sequence: int = -1) -> bytes:
+    """Header + body, ready to append."""
+    return header_for(body, base_offset, count, store_ts, phash, sequence) + body
 
 
 def parse_header(raw: bytes) -> RecordHeader | None:

@@ -19,6 +19,7 @@ import os
 import struct
 import threading
 from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -93,9 +94,10 @@ class Segment:
 
     # -- writing -------------------------------------------------------------------------------
 
-    def append(self, framed: bytes, header: RecordHeader, *, sync: bool = False) -> None:
-        """Write one framed record after the last one; with ``sync``, fsync it (and, for a new
-        file, its directory) before counting it.
+    def append(self, parts: Sequence[bytes | memoryview], header: RecordHeader, *, sync: bool = False) -> None:
+        """Write one framed record (``parts`` joined: header and body, written by one ``pwritev``
+        so that a megabyte body is not copied to sit behind its header) after the last one; with
+        ``sync``, fsync it (and, for a new file, its directory) before counting it.
 
         Raises
         ------
@@ -106,9 +108,9 @@ class Segment:
         position = self.size
         fd = self._fd if self._fd is not None else self._open(create=True)
         try:
-            written = os.pwrite(fd, framed, position)
-            if written != len(framed):  # a short write on a regular file means the disk is full
-                raise OSError(errno.ENOSPC, f"short write to {self.path}: {written} of {len(framed)} bytes")
+            written = os.pwritev(fd, parts, position)
+            if written != header.size:  # a short write on a regular file means the disk is full
+                raise OSError(errno.ENOSPC, f"short write to {self.path}: {written} of {header.size} bytes")
             if sync:
                 self.sync()
         except OSError:

@@ -163,6 +163,8 @@ def decode_one(payload: bytes) -> dict | None:
             or payload[len(codec.MESSAGE_SCHEMA_IPC):_META_START] != _MESSAGE_PREFIX):
         return None
     nodes = struct.unpack_from("<16q", payload, _META_START + _NODES_AT)
+    if nodes[0] != 1:  # a batch of many messages has the same layout: not one to read here
+        return None
     spans = struct.unpack_from("<40q", payload, _META_START + _BUFFERS_AT)
     body = memoryview(payload)[body_at:]
     try:
