@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import ctypes
 import logging
 import resource
 import signal
@@ -72,6 +73,31 @@ def load_config(args: argparse.Namespace) -> BrokerConfig:
     )
 
 
+# glibc's mallopt parameters, and the values the broker sets (see ``_keep_freed_memory``).
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_MMAP_THRESHOLD = 32 << 20  # the largest glibc accepts on 64-bit
+_TRIM_THRESHOLD = 64 << 20
+
+
+def _keep_freed_memory() -> None:
+    """Keep freed memory for the next request instead of handing it back to the kernel.
+
+    A batched send brings megabytes that are copied a few times (gRPC's buffer, the parsed
+    request, the stored body) and freed. By default glibc maps each such block freshly or trims it
+    off the heap once freed, so every request page-faults and zeroes its megabytes again: that
+    cost more CPU than everything else a 1 MB send does. With fixed thresholds, blocks up to 32 MiB
+    come from the heap and up to 64 MiB of free heap is kept per arena: memory stays bounded by
+    the peak of concurrent requests. Only on glibc; elsewhere nothing changes.
+    """
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
+    mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)
+    mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD)
+
+
 def _raise_open_file_limit() -> None:
     """Each written queue keeps its segment files open: allow as many as the hard limit does."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -93,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     configure_logging(config.log_level, config.log_format)
     _raise_open_file_limit()
+    _keep_freed_memory()
     from broker.server import start_broker
 
     try:
