@@ -226,39 +226,49 @@ def normalize(data: pa.Table | pa.RecordBatch, *, default_born_ms: int | None = 
 def messages_to_batch(messages: Sequence[Mapping[str, Any]]) -> pa.Table:
     """A normalized table from message dicts (``body`` and optionally the other columns).
 
-    Integer keys are stored as their decimal string; properties as a string map.
+    Integer keys are stored as their decimal string; properties as a string map. Built column by
+    column: a pipelining producer turns every message it sends into a row here.
     """
     if not messages:
         raise BadBatchError("empty batch: send at least one message")
-    keys, tags, bodies, props, born = [], [], [], [], []
-    for i, m in enumerate(messages):
-        body = m.get("body")
-        if body is None:
-            raise BadBatchError(f"message {i} has no body")
-        bodies.append(body.encode("utf-8") if isinstance(body, str) else bytes(body))
-        key = m.get("key")
-        if isinstance(key, (bytes, bytearray, memoryview)):
-            try:
-                key = bytes(key).decode("utf-8")
-            except UnicodeDecodeError:
-                raise BadBatchError(f"message {i}: binary key is not valid UTF-8") from None
-        keys.append(None if key is None else str(key))
-        tags.append(m.get("tag"))
-        p = m.get("properties")
-        props.append(None if p is None else [(str(k), str(v)) for k, v in p.items()])
-        born.append(m.get("born_timestamp"))
-    default_born = now_ms()
-    table = pa.Table.from_arrays(
+    bodies = [m.get("body") for m in messages]
+    if not all(type(body) is bytes for body in bodies):
+        bodies = [_body_bytes(i, body) for i, body in enumerate(bodies)]
+    keys = [m.get("key") for m in messages]
+    if not all(key is None or type(key) is str for key in keys):
+        keys = [_key_text(i, key) for i, key in enumerate(keys)]
+    props = [m.get("properties") for m in messages]
+    if any(p is not None for p in props):
+        props = [None if p is None else [(str(k), str(v)) for k, v in p.items()] for p in props]
+    born = [m.get("born_timestamp") for m in messages]
+    if None in born:
+        default_born = now_ms()
+        born = [default_born if b is None else b for b in born]
+    return pa.Table.from_arrays(
         [
             pa.array(keys, pa.string()),
-            pa.array(tags, pa.string()),
+            pa.array([m.get("tag") for m in messages], pa.string()),
             pa.array(bodies, pa.binary()),
             pa.array(props, PROPERTIES_TYPE),
-            pa.array([default_born if b is None else b for b in born], pa.int64()).cast(TIMESTAMP_MS),
+            pa.array(born, pa.int64()).cast(TIMESTAMP_MS),
         ],
         schema=MESSAGE_SCHEMA,
     )
-    return table
+
+
+def _body_bytes(i: int, body: Any) -> bytes:
+    if body is None:
+        raise BadBatchError(f"message {i} has no body")
+    return body.encode("utf-8") if isinstance(body, str) else bytes(body)
+
+
+def _key_text(i: int, key: Any) -> str | None:
+    if isinstance(key, (bytes, bytearray, memoryview)):
+        try:
+            return bytes(key).decode("utf-8")
+        except UnicodeDecodeError:
+            raise BadBatchError(f"message {i}: binary key is not valid UTF-8") from None
+    return None if key is None else str(key)
 
 
 def message_batch(payload: bytes) -> tuple[bytes, int]:
