@@ -1,0 +1,86 @@
+"""``SendFuture``: a ``concurrent.futures.Future`` that makes its condition only when one is used.
+
+A pipelining producer returns a future per message. A plain ``Future`` builds a
+``threading.Condition`` (and its ``RLock``) on creation, which costs more than everything else
+``send_async`` does, and most futures are never waited on or given a callback before their
+answer comes: the caller collects them afterwards, or not at all. A ``SendFuture`` builds its
+condition on first use (a wait, a callback, ``done()``, ``concurrent.futures.wait``), and the
+sender resolves one that nobody has touched yet without ever building it.
+
+Why this is safe: every ``Future`` method reaches the condition through ``self._condition``, which
+here is created under ``_CREATING``; ``set_result`` / ``set_exception`` look for it under that same
+lock and, when it does not exist yet, finish the future while holding it. A caller that touches the
+future afterwards builds the condition and then sees it finished, so no waiter or callback is missed.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future, InvalidStateError
+from concurrent.futures._base import CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED, PENDING, RUNNING
+from typing import Any
+
+__all__ = ["SendFuture"]
+
+_CREATING = threading.Lock()
+_DONE = (CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED)
+
+
+class SendFuture(Future):
+    """A ``Future`` (every method and ``concurrent.futures`` helper works) that is cheap to make."""
+
+    def __init__(self) -> None:  # Future.__init__ without its Condition
+        self._lazy_condition: threading.Condition | None = None
+        self._state = PENDING
+        self._result = None
+        self._exception = None
+        self._waiters: list = []
+        self._done_callbacks: list = []
+
+    @property
+    def _condition(self) -> threading.Condition:
+        condition = self._lazy_condition
+        if condition is None:
+            with _CREATING:
+                condition = self._lazy_condition
+                if condition is None:
+                    condition = self._lazy_condition = threading.Condition()
+        return condition
+
+    def _finish_untouched(self, result: Any, exception: BaseException | None) -> bool:
+        """Finish the future if nothing has used its condition yet (so nothing waits on it and no
+        callback is registered); False when it has one: the caller takes ``Future``'s own way."""
+        with _CREATING:
+            if self._lazy_condition is not None:
+                return False
+            finished = self._state not in (PENDING, RUNNING)
+            if not finished:  # the state last: a reader that sees FINISHED sees the outcome
+                self._result, self._exception, self._state = result, exception, FINISHED
+        if finished:
+            raise InvalidStateError(f"{self._state}: {self!r}")
+        return True
+
+    # A finished future never changes again: reading its outcome needs no condition.
+
+    def done(self) -> bool:
+        return self._state in _DONE or super().done()
+
+    def result(self, timeout: float | None = None) -> Any:
+        if self._state == FINISHED:
+            if self._exception is not None:
+                raise self._exception
+            return self._result
+        return super().result(timeout)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        if self._state == FINISHED:
+            return self._exception
+        return super().exception(timeout)
+
+    def set_result(self, result: Any) -> None:
+        if not self._finish_untouched(result, None):
+            super().set_result(result)
+
+    def set_exception(self, exception: BaseException | None) -> None:
+        if not self._finish_untouched(None, exception):
+            super().set_exception(exception)

@@ -1,0 +1,92 @@
+"""``SendFuture`` behaves as a ``concurrent.futures.Future`` whatever touches it first."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import threading
+
+import pytest
+
+from connector.client.send_future import SendFuture
+
+
+def _later(fn, delay: float = 0.05) -> threading.Thread:
+    thread = threading.Timer(delay, fn)
+    thread.start()
+    return thread
+
+
+def test_an_untouched_future_resolves_and_reads_back():
+    future = SendFuture()
+    future.set_result(42)
+    assert future.done() and future.result() == 42 and future.exception() is None
+    failed = SendFuture()
+    failed.set_exception(KeyError("k"))
+    assert isinstance(failed.exception(), KeyError)
+    with pytest.raises(KeyError):
+        failed.result()
+
+
+def test_a_waiter_in_another_thread_is_woken():
+    future = SendFuture()
+    _later(lambda: future.set_result("stored"))
+    assert future.result(timeout=10) == "stored"
+    failing = SendFuture()
+    _later(lambda: failing.set_exception(ValueError("refused")))
+    with pytest.raises(ValueError, match="refused"):
+        failing.result(timeout=10)
+
+
+def test_a_wait_times_out_while_pending():
+    with pytest.raises(cf.TimeoutError):
+        SendFuture().result(timeout=0.01)
+
+
+def test_callbacks_run_once_whether_added_before_or_after():
+    seen = []
+    before = SendFuture()
+    before.add_done_callback(lambda f: seen.append(("before", f.result())))
+    before.set_result(1)
+    after = SendFuture()
+    after.set_result(2)
+    after.add_done_callback(lambda f: seen.append(("after", f.result())))
+    assert seen == [("before", 1), ("after", 2)]
+
+
+def test_concurrent_futures_helpers_see_them_complete():
+    futures = [SendFuture() for _ in range(20)]
+    futures[0].set_result(0)  # finished before anything watches it
+    _later(lambda: [f.set_result(i) for i, f in enumerate(futures) if i])
+    done = {f.result() for f in cf.as_completed(futures, timeout=10)}
+    assert done == set(range(20))
+    pending = SendFuture()
+    _later(lambda: pending.set_exception(RuntimeError("x")))
+    finished, _ = cf.wait([pending], timeout=10, return_when=cf.FIRST_EXCEPTION)
+    assert finished == {pending}
+
+
+def test_a_future_resolves_once():
+    future = SendFuture()
+    future.set_result(1)
+    with pytest.raises(cf.InvalidStateError):
+        future.set_result(2)
+    cancelled = SendFuture()
+    assert cancelled.cancel() and cancelled.cancelled()
+    with pytest.raises(cf.InvalidStateError):
+        cancelled.set_exception(RuntimeError("late"))
+
+
+def test_racing_waiters_and_setters_never_miss_a_result():
+    """Waiters that touch the future while the sender resolves it (the lazy condition's race)."""
+    def collect(futures, results):
+        results.extend(f.result(timeout=10) for f in futures)
+
+    for _ in range(200):
+        futures = [SendFuture() for _ in range(50)]
+        results = []
+        waiter = threading.Thread(target=collect, args=(futures, results))
+        waiter.start()
+        for i, future in enumerate(futures):
+            future.set_result(i)
+        waiter.join(10)
+        assert results == list(range(50))
