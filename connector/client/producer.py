@@ -227,12 +227,13 @@ class Producer:
         deadline: float | None = None,
     ) -> int:
         chosen = self._resolve(selector)
+        key = row["key"]
         if chosen is None and queue_id is None:
-            self._selector_for(None, row["key"], topic)  # a null key fails before any lookup
+            self._selector_for(None, key, topic)  # a null key fails before any lookup
+            return queue_for_key(key, len(self.routes.route(topic, deadline=deadline).queues))
         queues = self.queues(topic, deadline=deadline)
         if queue_id is not None:
             return _check_queue_id(topic, queue_id, len(queues))
-        key = row["key"]
         sel = self._selector_for(chosen, key, topic)
         if isinstance(sel, SelectByHash) and key is not None:
             return queue_for_key(key, len(queues))
@@ -308,7 +309,7 @@ class Producer:
         row = _message_row(body, key, tag, properties)
         target = self._route_one(topic, row, selector, arg, queue_id, deadline)
         sender = self._sender_for(topic, target, deadline)
-        (future,) = sender.submit(topic, target, [row], single=True, urgent=False, deadline=deadline)
+        future = sender.submit_one(topic, target, row, deadline)
         if callback is not None:
             future.add_done_callback(callback)
         return future

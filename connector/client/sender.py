@@ -52,6 +52,7 @@ from broker.wire.errors import (
 from broker.wire.one_message import encode_one
 from connector.client.connection import BrokerConnection, pb
 from connector.client.messages import SendResult
+from connector.client.send_future import SendFuture
 from connector.client.send_port import SendPortClient, SendPortFailure
 
 __all__ = ["PipelinedSender"]
@@ -72,18 +73,24 @@ def _response_error(response: pb.SendResponse) -> OrderlyMQError:
     return from_status(status, response.error_message, response.error_kind)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Chunk:
-    """Rows submitted together (one send, or one queue's share of a batch send): a normalized
-    table, or validated message dicts turned into Arrow only when their batch is built."""
+    """Rows submitted together: a normalized table, or validated message dicts turned into Arrow
+    only when their batch is built. Either one send of many rows (one queue's share of a batch
+    send): one future for them all; or ``single`` sends of one row each, a future per row (the
+    consecutive asynchronous sends of a queue share one chunk: no object per message)."""
 
     table: pa.Table | None
     rows: list[dict] | None
-    future: Future
+    futures: list[Future]
     single: bool
     nbytes: int
     num_rows: int
-    deadline: float
+    deadline: float  # the earliest of its sends'
+
+
+def _futures(chunks) -> int:
+    return sum(len(chunk.futures) for chunk in chunks)
 
 
 def _row_bytes(row: dict) -> int:
@@ -161,13 +168,17 @@ class PipelinedSender:
         self.window = max_in_flight_per_queue
         self.max_buffered = max_buffered_messages
         self.delivery_timeout = delivery_timeout
-        self._cond = threading.Condition()
+        lock = threading.RLock()
+        self._cond = threading.Condition(lock)
+        # The watchdog waits apart: a wake-up at every notify (each batch acknowledged, each queue
+        # that starts lingering) would cost a pass over every deadline for nothing.
+        self._watch = threading.Condition(lock)
         self._partitions: dict[tuple[str, int], _Partition] = {}
         self._in_flight: deque[_Batch] = deque()
         self._requests: queue_mod.SimpleQueue | None = None
         self._call: grpc.Future | None = None
         self._settlements: dict[tuple[str, int, int], Future] = {}
-        self._outstanding = 0  # chunks submitted and not yet resolved
+        self._outstanding = 0  # futures handed out and not yet resolved
         self._buffered = 0  # rows submitted and not yet on the stream
         self._flushing = 0
         self._closed = False
@@ -203,14 +214,15 @@ class PipelinedSender:
             deadline = default_deadline
         chunks = []
         if isinstance(data, list):
-            chunks.append(_Chunk(None, data, Future(), single, sum(map(_row_bytes, data)), len(data), deadline))
+            futures = [SendFuture() for _ in data] if single else [SendFuture()]
+            chunks.append(_Chunk(None, data, futures, single, sum(map(_row_bytes, data)), len(data), deadline))
         else:
             step = self.max_batch_messages
             if data.num_rows > 1 and data.nbytes > self.max_batch_bytes:
                 step = max(1, min(step, int(data.num_rows * self.max_batch_bytes / data.nbytes)))
             for start in range(0, data.num_rows, step):
                 part = data.slice(start, step)
-                chunks.append(_Chunk(part, None, Future(), single, part.nbytes, part.num_rows, deadline))
+                chunks.append(_Chunk(part, None, [SendFuture()], single, part.nbytes, part.num_rows, deadline))
         with self._cond:
             if self._closed:
                 raise OrderlyMQError("the producer is closed; create a new one to send")
@@ -228,13 +240,52 @@ class PipelinedSender:
                 partition.pending_bytes += chunk.nbytes
                 self._buffered += chunk.num_rows
             partition.urgent = partition.urgent or urgent
-            self._outstanding += len(chunks)
+            self._outstanding += _futures(chunks)
             # Wake the threads only when this changes what they wait for: a queue to linger on, a
             # batch due now, or an earlier deadline. A wake-up per message would make the caller and
             # the dispatcher trade the GIL for every send.
             if was_empty or urgent or shortened or self._full(partition):
                 self._cond.notify_all()
-        return [c.future for c in chunks]
+            if shortened:
+                self._watch.notify()
+        return [future for c in chunks for future in c.futures]
+
+    def submit_one(self, topic: str, queue_id: int, row: dict, deadline: float) -> Future:
+        """``submit`` of one validated message dict, not urgent (an asynchronous send): added to
+        the queue's last waiting chunk of such sends while it fits in a batch. Its future resolves
+        to the message's ``SendResult`` or fails by ``deadline``."""
+        future = SendFuture()
+        nbytes = _row_bytes(row)
+        with self._cond:
+            if self._closed:
+                raise OrderlyMQError("the producer is closed; create a new one to send")
+            while self._buffered >= self.max_buffered and not self._closed:
+                self._cond.wait(0.1)
+            partition = self._partitions.get((topic, queue_id))
+            if partition is None:
+                partition = self._partitions[(topic, queue_id)] = _Partition()
+            pending = partition.pending
+            last = pending[-1] if pending else None
+            if (last is not None and last.single and last.rows is not None and last.num_rows < self.max_batch_messages
+                    and last.nbytes + nbytes <= self.max_batch_bytes):
+                last.rows.append(row)
+                last.futures.append(future)
+                last.num_rows += 1
+                last.nbytes += nbytes
+            else:
+                if last is None:
+                    partition.oldest = time.monotonic()
+                pending.append(_Chunk(None, [row], [future], True, nbytes, 1, deadline))
+            partition.pending_rows += 1
+            partition.pending_bytes += nbytes
+            self._buffered += 1
+            self._outstanding += 1
+            # As in ``submit``: wake the threads only when this changes what they wait for.
+            if last is None or self._full(partition):
+                self._cond.notify_all()
+            if deadline < time.monotonic() + self.delivery_timeout - _WATCH_INTERVAL_S:
+                self._watch.notify()  # well before the usual deadline: the watchdog must see it now
+        return future
 
     def send_direct(self, topic: str, queue_id: int, row: dict, deadline: float) -> SendResult | Future | None:
         """Send one message over the broker's send port and wait for it, when its queue has
@@ -290,7 +341,7 @@ class PipelinedSender:
                    deadline: float, written: bool) -> Future:
         """Put a send the send port did not answer on the stream, first of its queue, as if it had
         been sent there: resent under its sequence (stored at most once), or failed by its deadline."""
-        chunk = _Chunk(None, [row], Future(), True, _row_bytes(row), 1, deadline)
+        chunk = _Chunk(None, [row], [SendFuture()], True, _row_bytes(row), 1, deadline)
         batch = _Batch(topic, queue_id, sequence, [chunk], request=request, written=written)
         with self._cond:
             self._partitions[(topic, queue_id)].direct = False
@@ -298,7 +349,7 @@ class PipelinedSender:
             if self._requests is not None:
                 self._requests.put(batch)
             self._cond.notify_all()
-        return chunk.future
+        return chunk.futures[0]
 
     def flush(self, timeout: float | None = None) -> bool:
         """Send everything buffered now and wait until every send so far is acknowledged or failed."""
@@ -328,6 +379,7 @@ class PipelinedSender:
                 self._requests.put(None)
             call = self._call if all(b.settled is not None for b in self._in_flight) else None
             self._cond.notify_all()
+            self._watch.notify()
         if call is not None:
             call.cancel()  # only unsettled batches are left: do not wait for a broker that may not answer
         for thread in (self._dispatcher, self._streamer, self._watchdog):
@@ -412,12 +464,13 @@ class PipelinedSender:
             failed = [b for b in batches if b.error is not None]
             for batch in failed:
                 for chunk in batch.chunks:
-                    chunk.future.set_exception(batch.error)
+                    for future in chunk.futures:
+                        future.set_exception(batch.error)
             with self._cond:
                 for batch in failed:
                     self._partitions[(batch.topic, batch.queue_id)].in_flight -= 1
                     self._buffered -= sum(c.num_rows for c in batch.chunks)
-                    self._outstanding -= len(batch.chunks)
+                    self._outstanding -= _futures(batch.chunks)
                 for batch in batches:
                     if batch.error is not None:
                         continue
@@ -525,18 +578,21 @@ class PipelinedSender:
         if error is not None:
             self._on_rejected(batch.topic, error)
             for chunk in batch.chunks:
-                chunk.future.set_exception(error)
+                for future in chunk.futures:
+                    future.set_exception(error)
         else:
             offset = response.base_offset
+            topic, queue_id, stamp, duplicate = batch.topic, batch.queue_id, response.store_timestamp, response.duplicate
             for chunk in batch.chunks:
-                results = [
-                    SendResult(batch.topic, batch.queue_id, offset + i, response.store_timestamp, response.duplicate)
-                    for i in range(chunk.num_rows)
-                ]
+                results = [SendResult(topic, queue_id, offset + i, stamp, duplicate) for i in range(chunk.num_rows)]
                 offset += chunk.num_rows
-                chunk.future.set_result(results[0] if chunk.single else results)
+                if chunk.single:
+                    for future, result in zip(chunk.futures, results, strict=True):
+                        future.set_result(result)
+                else:
+                    chunk.futures[0].set_result(results)
         with self._cond:
-            self._outstanding -= len(batch.chunks)
+            self._outstanding -= _futures(batch.chunks)
             self._cond.notify_all()
 
     # -- the delivery timeout ------------------------------------------------------------------
@@ -555,7 +611,7 @@ class PipelinedSender:
                 deadline = self._next_deadline()
                 now = time.monotonic()
                 if deadline is None or now < deadline:
-                    self._cond.wait(_WATCH_INTERVAL_S if deadline is None else min(deadline - now, _WATCH_INTERVAL_S))
+                    self._watch.wait(_WATCH_INTERVAL_S if deadline is None else min(deadline - now, _WATCH_INTERVAL_S))
                     continue
                 call = self._call
             log.warning("no answer from broker %s within %gs: failing the waiting sends",
@@ -585,12 +641,12 @@ class PipelinedSender:
                 else:
                     batch.dropped = True
                     self._partitions[(batch.topic, batch.queue_id)].in_flight -= 1
-                    self._outstanding -= len(batch.chunks)
-                    failures += [(chunk.future, plain) for chunk in batch.chunks]
+                    self._outstanding -= _futures(batch.chunks)
+                    failures += [(future, plain) for chunk in batch.chunks for future in chunk.futures]
             self._in_flight = kept
             for partition in self._partitions.values():
-                failures += [(chunk.future, plain) for chunk in partition.pending]
-                self._outstanding -= len(partition.pending)
+                failures += [(future, plain) for chunk in partition.pending for future in chunk.futures]
+                self._outstanding -= _futures(partition.pending)
                 self._buffered -= partition.pending_rows
                 partition.pending.clear()
                 partition.pending_rows = partition.pending_bytes = 0
@@ -607,24 +663,32 @@ class PipelinedSender:
         while len(self._settlements) > _MAX_SETTLEMENTS:
             oldest = next(iter(self._settlements))
             self._settlements.pop(oldest)
-        self._outstanding -= len(batch.chunks)
+        self._outstanding -= _futures(batch.chunks)
         failures, index = [], 0
         for chunk in batch.chunks:
-            error = SendOutcomeUnknownError(
-                f"{why}; the message was sent but the broker did not confirm it, so it may be stored "
-                f"(topic {batch.topic!r}, queue {batch.queue_id}, producer {self.producer_id}, sequence "
-                f"{batch.sequence}). Do not send it again: the producer settles it when the broker is back; "
-                "producer.resolve(error) tells where it is stored",
-                topic=batch.topic,
-                queue_id=batch.queue_id,
-                producer_id=self.producer_id,
-                sequence=batch.sequence,
-                batch_index=index,
-                count=chunk.num_rows,
-            )
-            failures.append((chunk.future, error))
-            index += chunk.num_rows
+            if chunk.single:  # a future per row: each error names its own row
+                for future in chunk.futures:
+                    failures.append((future, self._unknown(batch, why, index, 1)))
+                    index += 1
+            else:
+                failures.append((chunk.futures[0], self._unknown(batch, why, index, chunk.num_rows)))
+                index += chunk.num_rows
         return failures
+
+    def _unknown(self, batch: _Batch, why: str, index: int, count: int) -> SendOutcomeUnknownError:
+        """The error of ``count`` rows from ``index`` of a batch of unknown outcome."""
+        return SendOutcomeUnknownError(
+            f"{why}; the message was sent but the broker did not confirm it, so it may be stored "
+            f"(topic {batch.topic!r}, queue {batch.queue_id}, producer {self.producer_id}, sequence "
+            f"{batch.sequence}). Do not send it again: the producer settles it when the broker is back; "
+            "producer.resolve(error) tells where it is stored",
+            topic=batch.topic,
+            queue_id=batch.queue_id,
+            producer_id=self.producer_id,
+            sequence=batch.sequence,
+            batch_index=index,
+            count=count,
+        )
 
     def _abandon(self, why: str) -> None:
         """Under or outside the lock: give up settling the batches of unknown outcome."""
