@@ -39,6 +39,8 @@ def queue_for_key(key: int | str | bytes, queue_count: int) -> int:
     """
     if queue_count <= 0:
         raise InvalidRequestError(f"queue count must be positive, got {queue_count}")
+    if type(key) is str:  # the usual key, first
+        return spark_xxhash64(key.encode("utf-8")) % queue_count
     if key is None:
         raise InvalidRequestError(
             "a null sharding key cannot be routed: give every message a key or pick the queue "

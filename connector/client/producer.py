@@ -73,21 +73,27 @@ class RoutedChunk:
         self.positions = positions
 
 
+_BINARY = (bytes, bytearray, memoryview)
+_BODY_TYPES = (*_BINARY, str)
+_KEY_TYPES = (str, int, *_BINARY)
+
+
 def _check_key(key: Any) -> None:
-    if key is not None and (isinstance(key, bool) or not isinstance(key, str | int | bytes | bytearray | memoryview)):
+    if key is not None and (isinstance(key, bool) or not isinstance(key, _KEY_TYPES)):
         raise InvalidRequestError(f"sharding key must be str, int or bytes, got {type(key).__name__} {key!r}")
 
 
 def _message_row(body: Any, key: Any, tag: Any, properties: Any) -> dict:
     """A checked message dict for ``codec.messages_to_batch``, stamped with its born time now."""
-    if not isinstance(body, bytes | bytearray | memoryview | str):
+    if type(body) is not bytes and not isinstance(body, _BODY_TYPES):  # type(): the usual case, quickest
         raise BadBatchError(f"body must be bytes or str, got {type(body).__name__}")
-    _check_key(key)
-    if isinstance(key, bytes | bytearray | memoryview):
-        try:
-            bytes(key).decode("utf-8")
-        except UnicodeDecodeError:
-            raise BadBatchError("binary key is not valid UTF-8 (the key column is a string)") from None
+    if type(key) is not str:
+        _check_key(key)
+        if isinstance(key, _BINARY):
+            try:
+                bytes(key).decode("utf-8")
+            except UnicodeDecodeError:
+                raise BadBatchError("binary key is not valid UTF-8 (the key column is a string)") from None
     if tag is not None and not isinstance(tag, str):
         raise BadBatchError(f"tag must be a string, got {type(tag).__name__}")
     if properties is not None and not isinstance(properties, Mapping):

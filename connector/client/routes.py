@@ -77,8 +77,7 @@ class RouteCache:
     def route(self, topic: str, *, refresh: bool = False, deadline: float | None = None) -> TopicRoute:
         """The topic's route; a lookup gives up at ``deadline`` (``time.monotonic()``) when given."""
         now = time.monotonic()
-        with self._lock:
-            cached = self._routes.get(topic)
+        cached = self._routes.get(topic)  # one dict read is atomic: no lock for the per-send lookup
         if cached is not None and not refresh and now - cached[0] < self.ttl:
             return cached[1]
         try:

@@ -4,8 +4,8 @@ A pipelining producer returns a future per message. A plain ``Future`` builds a
 ``threading.Condition`` (and its ``RLock``) on creation, which costs more than everything else
 ``send_async`` does, and most futures are never waited on or given a callback before their
 answer comes: the caller collects them afterwards, or not at all. A ``SendFuture`` builds its
-condition on first use (a wait, a callback, ``done()``, ``concurrent.futures.wait``), and the
-sender resolves one that nobody has touched yet without ever building it.
+condition (and its lists of waiters and callbacks) on first use (a wait, a callback,
+``concurrent.futures.wait``), and the sender resolves one that nobody has touched yet without it.
 
 Why this is safe: every ``Future`` method reaches the condition through ``self._condition``, which
 here is created under ``_CREATING``; ``set_result`` / ``set_exception`` look for it under that same
@@ -29,13 +29,11 @@ _DONE = (CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED)
 class SendFuture(Future):
     """A ``Future`` (every method and ``concurrent.futures`` helper works) that is cheap to make."""
 
-    def __init__(self) -> None:  # Future.__init__ without its Condition
+    def __init__(self) -> None:  # Future.__init__ without its Condition and its two lists
         self._lazy_condition: threading.Condition | None = None
         self._state = PENDING
         self._result = None
         self._exception = None
-        self._waiters: list = []
-        self._done_callbacks: list = []
 
     @property
     def _condition(self) -> threading.Condition:
@@ -44,6 +42,9 @@ class SendFuture(Future):
             with _CREATING:
                 condition = self._lazy_condition
                 if condition is None:
+                    # Future touches its waiters and callbacks only holding the condition: made with it.
+                    self._waiters: list = []
+                    self._done_callbacks: list = []
                     condition = self._lazy_condition = threading.Condition()
         return condition
 
@@ -80,6 +81,19 @@ class SendFuture(Future):
     def set_result(self, result: Any) -> None:
         if not self._finish_untouched(result, None):
             super().set_result(result)
+
+    @staticmethod
+    def set_results(futures: list[SendFuture], results: list[Any]) -> None:
+        """``future.set_result(result)`` for each pair, the untouched futures under one lock."""
+        touched = []
+        with _CREATING:
+            for future, result in zip(futures, results, strict=True):
+                if future._lazy_condition is None and future._state in (PENDING, RUNNING):
+                    future._result, future._state = result, FINISHED
+                else:
+                    touched.append((future, result))
+        for future, result in touched:
+            Future.set_result(future, result)
 
     def set_exception(self, exception: BaseException | None) -> None:
         if not self._finish_untouched(None, exception):

@@ -168,11 +168,11 @@ class PipelinedSender:
         self.window = max_in_flight_per_queue
         self.max_buffered = max_buffered_messages
         self.delivery_timeout = delivery_timeout
-        lock = threading.RLock()
-        self._cond = threading.Condition(lock)
+        self._lock = threading.RLock()
+        self._cond = threading.Condition(self._lock)
         # The watchdog waits apart: a wake-up at every notify (each batch acknowledged, each queue
         # that starts lingering) would cost a pass over every deadline for nothing.
-        self._watch = threading.Condition(lock)
+        self._watch = threading.Condition(self._lock)
         self._partitions: dict[tuple[str, int], _Partition] = {}
         self._in_flight: deque[_Batch] = deque()
         self._requests: queue_mod.SimpleQueue | None = None
@@ -256,14 +256,16 @@ class PipelinedSender:
         to the message's ``SendResult`` or fails by ``deadline``."""
         future = SendFuture()
         nbytes = _row_bytes(row)
-        with self._cond:
+        now = time.monotonic()
+        with self._lock:  # the condition's lock, without the condition's own Python-level __enter__
             if self._closed:
                 raise OrderlyMQError("the producer is closed; create a new one to send")
             while self._buffered >= self.max_buffered and not self._closed:
                 self._cond.wait(0.1)
-            partition = self._partitions.get((topic, queue_id))
+            key = (topic, queue_id)
+            partition = self._partitions.get(key)
             if partition is None:
-                partition = self._partitions[(topic, queue_id)] = _Partition()
+                partition = self._partitions[key] = _Partition()
             pending = partition.pending
             last = pending[-1] if pending else None
             if (last is not None and last.single and last.rows is not None and last.num_rows < self.max_batch_messages
@@ -274,7 +276,7 @@ class PipelinedSender:
                 last.nbytes += nbytes
             else:
                 if last is None:
-                    partition.oldest = time.monotonic()
+                    partition.oldest = now
                 pending.append(_Chunk(None, [row], [future], True, nbytes, 1, deadline))
             partition.pending_rows += 1
             partition.pending_bytes += nbytes
@@ -283,7 +285,7 @@ class PipelinedSender:
             # As in ``submit``: wake the threads only when this changes what they wait for.
             if last is None or self._full(partition):
                 self._cond.notify_all()
-            if deadline < time.monotonic() + self.delivery_timeout - _WATCH_INTERVAL_S:
+            if deadline < now + self.delivery_timeout - _WATCH_INTERVAL_S:
                 self._watch.notify()  # well before the usual deadline: the watchdog must see it now
         return future
 
@@ -587,8 +589,7 @@ class PipelinedSender:
                 results = [SendResult(topic, queue_id, offset + i, stamp, duplicate) for i in range(chunk.num_rows)]
                 offset += chunk.num_rows
                 if chunk.single:
-                    for future, result in zip(chunk.futures, results, strict=True):
-                        future.set_result(result)
+                    SendFuture.set_results(chunk.futures, results)
                 else:
                     chunk.futures[0].set_result(results)
         with self._cond:
