@@ -224,13 +224,7 @@ class PipelinedSender:
                 part = data.slice(start, step)
                 chunks.append(_Chunk(part, None, [SendFuture()], single, part.nbytes, part.num_rows, deadline))
         with self._cond:
-            if self._closed:
-                raise OrderlyMQError("the producer is closed; create a new one to send")
-            while self._buffered >= self.max_buffered and not self._closed:
-                self._cond.wait(0.1)
-            partition = self._partitions.get((topic, queue_id))
-            if partition is None:
-                partition = self._partitions[(topic, queue_id)] = _Partition()
+            partition = self._partition_with_room(topic, queue_id)
             was_empty = not partition.pending
             if was_empty:
                 partition.oldest = time.monotonic()
@@ -258,14 +252,7 @@ class PipelinedSender:
         nbytes = _row_bytes(row)
         now = time.monotonic()
         with self._lock:  # the condition's lock, without the condition's own Python-level __enter__
-            if self._closed:
-                raise OrderlyMQError("the producer is closed; create a new one to send")
-            while self._buffered >= self.max_buffered and not self._closed:
-                self._cond.wait(0.1)
-            key = (topic, queue_id)
-            partition = self._partitions.get(key)
-            if partition is None:
-                partition = self._partitions[key] = _Partition()
+            partition = self._partition_with_room(topic, queue_id)
             pending = partition.pending
             last = pending[-1] if pending else None
             if (last is not None and last.single and last.rows is not None and last.num_rows < self.max_batch_messages
@@ -288,6 +275,18 @@ class PipelinedSender:
             if deadline < now + self.delivery_timeout - _WATCH_INTERVAL_S:
                 self._watch.notify()  # well before the usual deadline: the watchdog must see it now
         return future
+
+    def _partition_with_room(self, topic: str, queue_id: int) -> _Partition:
+        """Under the lock: the queue's partition, once the buffer has room for more rows."""
+        if self._closed:
+            raise OrderlyMQError("the producer is closed; create a new one to send")
+        while self._buffered >= self.max_buffered and not self._closed:
+            self._cond.wait(0.1)
+        key = (topic, queue_id)
+        partition = self._partitions.get(key)
+        if partition is None:
+            partition = self._partitions[key] = _Partition()
+        return partition
 
     def send_direct(self, topic: str, queue_id: int, row: dict, deadline: float) -> SendResult | Future | None:
         """Send one message over the broker's send port and wait for it, when its queue has
