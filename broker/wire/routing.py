@@ -3,15 +3,21 @@
 ``pmod(key, N)`` for integer keys and ``pmod(xxhash64(bytes, seed=42), N)`` for string (UTF-8) and
 binary keys: exactly Spark SQL's ``pmod(xxhash64(key), N)``, so the Python producer and the Spark
 writer send every key to the same queue.
+
+``queue_for_key`` routes one key; ``queue_ids`` a whole Arrow column of keys (NumPy for integers,
+one C call per distinct string or binary key over the column's raw buffers: no UTF-8 round trip).
 """
 
 from __future__ import annotations
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import xxhash
 
 from broker.wire.errors import InvalidRequestError
 
-__all__ = ["SPARK_XXHASH_SEED", "key_bytes", "queue_for_key", "spark_xxhash64"]
+__all__ = ["SPARK_XXHASH_SEED", "key_bytes", "queue_for_key", "queue_ids", "routable_key_type", "spark_xxhash64"]
 
 SPARK_XXHASH_SEED = 42
 _TWO_64 = 1 << 64
@@ -55,3 +61,50 @@ def queue_for_key(key: int | str | bytes, queue_count: int) -> int:
     raise InvalidRequestError(
         f"sharding key of type {type(key).__name__} is not supported: use int, str or bytes"
     )
+
+
+def routable_key_type(typ: pa.DataType) -> bool:
+    """Whether ``queue_ids`` routes every column of ``typ``: integers that fit 64 signed bits,
+    strings and binaries."""
+    return ((pa.types.is_integer(typ) and typ != pa.uint64()) or pa.types.is_string(typ) or pa.types.is_binary(typ)
+            or pa.types.is_large_string(typ) or pa.types.is_large_binary(typ)
+            or pa.types.is_string_view(typ) or pa.types.is_binary_view(typ))
+
+
+def queue_ids(keys: pa.Array | pa.ChunkedArray, queue_count: int) -> np.ndarray:
+    """The queue id (int32) of every key; the keys must have no nulls."""
+    if isinstance(keys, pa.ChunkedArray):
+        keys = keys.combine_chunks()
+    typ = keys.type
+    if pa.types.is_integer(typ):
+        values = keys.cast(pa.int64()).to_numpy(zero_copy_only=False)
+        return np.mod(values, queue_count).astype(np.int32)
+    if pa.types.is_string_view(typ) or pa.types.is_binary_view(typ):
+        keys = keys.cast(pa.binary())
+        typ = keys.type
+    if (
+        pa.types.is_string(typ)
+        or pa.types.is_binary(typ)
+        or pa.types.is_large_string(typ)
+        or pa.types.is_large_binary(typ)
+    ):
+        # Each distinct key hashed once: a micro-batch of events repeats its keys (an order's
+        # created, paid, shipped). 10,000 rows of 1,000 keys: 1.6 -> 0.4 ms; all distinct: 1.7 -> 2.1 ms.
+        distinct = pc.dictionary_encode(keys)
+        per_key = np.mod(_xxhash64(distinct.dictionary), queue_count).astype(np.int32)
+        return per_key[distinct.indices.to_numpy(zero_copy_only=False)]
+    raise TypeError(f"a sharding key must be an integer, string or binary column, not {typ}")
+
+
+def _xxhash64(keys: pa.Array) -> np.ndarray:
+    """Spark's signed ``xxhash64`` of every value, read straight from the Arrow buffers."""
+    n = len(keys)
+    _, offsets_buf, data_buf = keys.buffers()
+    wide = pa.types.is_large_string(keys.type) or pa.types.is_large_binary(keys.type)
+    offsets = np.frombuffer(offsets_buf, dtype=np.int64 if wide else np.int32)[keys.offset : keys.offset + n + 1]
+    data = memoryview(data_buf) if data_buf is not None else memoryview(b"")
+    digest = xxhash.xxh64_intdigest
+    seed = SPARK_XXHASH_SEED
+    bounds = offsets.tolist()
+    hashes = np.fromiter((digest(data[bounds[i] : bounds[i + 1]], seed) for i in range(n)), dtype=np.uint64, count=n)
+    return hashes.view(np.int64)

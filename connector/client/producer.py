@@ -37,6 +37,7 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FuturesTimeout
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from broker.wire import codec
@@ -50,7 +51,7 @@ from broker.wire.errors import (
     TopicNotFoundError,
     WrongGroupError,
 )
-from broker.wire.routing import queue_for_key
+from broker.wire.routing import queue_for_key, queue_ids, routable_key_type
 from connector.client.connection import BrokerConnection, Credentials, TlsOptions
 from connector.client.messages import Message, MessageQueue, SendResult
 from connector.client.routed import RoutedConnection
@@ -81,6 +82,29 @@ _KEY_TYPES = (str, int, *_BINARY)
 def _check_key(key: Any) -> None:
     if key is not None and (isinstance(key, bool) or not isinstance(key, _KEY_TYPES)):
         raise InvalidRequestError(f"sharding key must be str, int or bytes, got {type(key).__name__} {key!r}")
+
+
+def _hash_routed_column(messages: pa.Table, selector: QueueSelector | None, by_hash: QueueSelector) -> bool:
+    """Whether every row of ``messages`` goes by the hash of its key, which a whole column can
+    compute at once: no selector (or the hash one), and a key column of a routable type without nulls
+    (the row by row path gives the errors)."""
+    if selector not in (None, by_hash) or "key" not in messages.column_names:
+        return False
+    keys = messages.column("key")
+    return keys.null_count == 0 and routable_key_type(keys.type)
+
+
+def _split_by_queue(table: pa.Table, queue_of_row: np.ndarray) -> list[RoutedChunk]:
+    """One chunk per queue, by ascending queue id, each with its rows in input order."""
+    if not len(queue_of_row):
+        return []
+    first = int(queue_of_row[0])
+    if (queue_of_row == first).all():
+        return [RoutedChunk(first, table, list(range(table.num_rows)))]
+    order = np.argsort(queue_of_row, kind="stable")
+    ids, starts = np.unique(queue_of_row[order], return_index=True)
+    return [RoutedChunk(int(qid), table.take(pa.array(rows)), rows.tolist())
+            for qid, rows in zip(ids, np.split(order, starts[1:]), strict=True)]
 
 
 def _message_row(body: Any, key: Any, tag: Any, properties: Any) -> dict:
@@ -276,6 +300,8 @@ class Producer:
         if queue_id is not None:
             return [RoutedChunk(_check_queue_id(topic, queue_id, len(queues)), table, list(range(n)))]
         chosen = self._resolve(selector)
+        if isinstance(messages, pa.Table) and _hash_routed_column(messages, chosen, self._selectors["hash"]):
+            return _split_by_queue(table, queue_ids(messages.column("key"), len(queues)))
         positions: dict[int, list[int]] = defaultdict(list)
         for i in range(n):
             key = raw[i]

@@ -4,12 +4,22 @@ from __future__ import annotations
 
 import uuid
 
+import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from broker.wire.routing import queue_for_key
-from connector.client import Admin, Message, MessageQueue, Producer, SelectByHash, SelectByModulo, SelectRoundRobin
+from connector.client import (
+    Admin,
+    Message,
+    MessageQueue,
+    Producer,
+    PullConsumer,
+    SelectByHash,
+    SelectByModulo,
+    SelectRoundRobin,
+)
 from connector.client.selectors import resolve_selector, select_queue
 from connector.errors import BadBatchError, InvalidOptionError, InvalidRequestError, QueueOutOfRangeError
 
@@ -120,9 +130,34 @@ def test_send_batch_routes_each_row_like_send(routed):
     assert [r.queue_id for r in results] == [queue_for_key(r["key"], 8) for r in rows]
 
 
-def producer_pull_one(producer: Producer, topic: str, queue_id: int, offset: int) -> Message:
-    from connector.client import PullConsumer
+table_keys = st.one_of(
+    st.lists(st.text(max_size=8), min_size=1, max_size=40).map(pa.array),
+    st.lists(st.integers(min_value=-(2**63), max_value=2**63 - 1), min_size=1, max_size=40).map(
+        lambda v: pa.array(v, pa.int64())),
+    st.lists(st.sampled_from([b"a", b"b\x00", b"", "ключ".encode()]), min_size=1, max_size=40).map(
+        lambda v: pa.array(v, pa.binary())),
+)
 
+
+@settings(max_examples=40, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(keys=table_keys)
+def test_send_batch_of_a_table_routes_each_row_like_send_and_keeps_its_order(routed, keys):
+    """A table's key column is routed at once: every row lands where ``queue_for_key`` says, and
+    each queue holds its rows complete and in input order."""
+    producer, topic = routed
+    bodies = [f"{i}".encode() for i in range(len(keys))]
+    results = producer.send_batch(topic, pa.table({"key": keys, "body": bodies}))
+    expected = [queue_for_key(k, 8) for k in keys.to_pylist()]
+    assert [r.queue_id for r in results] == expected
+    with PullConsumer(producer.connection.address) as consumer:
+        for queue_id in set(expected):
+            offsets = [r.queue_offset for r in results if r.queue_id == queue_id]
+            stored = consumer.pull(topic, queue_id, offsets[0], len(offsets))
+            assert [m.queue_offset for m in stored] == offsets
+            assert [m.body for m in stored] == [b for b, q in zip(bodies, expected, strict=True) if q == queue_id]
+
+
+def producer_pull_one(producer: Producer, topic: str, queue_id: int, offset: int) -> Message:
     with PullConsumer(producer.connection.address) as consumer:
         return consumer.pull(topic, queue_id, offset, 1)[0]
 
