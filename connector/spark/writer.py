@@ -21,6 +21,7 @@ import logging
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -96,10 +97,17 @@ class _OrderlyMQWriterMixin:
             sender = _Sender(conn, self.options, producer_id=txn_id)
         try:
             router = _Router(conn, self.options, self.columns, self.queue_counts)
-            for batch in iterator:
-                if batch.num_rows:
-                    for topic, queue_id, table in router.route(batch):
-                        sender.add(topic, queue_id, table)
+            with ThreadPoolExecutor(1, thread_name_prefix="orderlymq-sink-prepare") as pool:
+                # The first input batch comes only once Spark has started the work upstream: meanwhile
+                # the topic's route is read and the transaction begun, round trips a micro-batch would
+                # otherwise wait for after it.
+                prepared = pool.submit(self._prepare, router, sender)
+                for batch in iterator:
+                    prepared.result()
+                    if batch.num_rows:
+                        for topic, queue_id, table in router.route(batch):
+                            sender.add(topic, queue_id, table)
+                prepared.result()
             sender.flush_all()
             sender.drop_abandoned()
             return SinkCommitMessage(query_id, batch_id, partition, sender.parts(), sender.rows)
@@ -108,6 +116,12 @@ class _OrderlyMQWriterMixin:
             raise
         finally:
             conn.close()
+
+    def _prepare(self, router: _Router, sender: _Sender) -> None:
+        """What the task's first send needs and can be done before its first row: the topic's
+        queue count (checked against the planned one) and, staged, its transaction."""
+        if self.options.topic is not None:
+            sender.prepare(self.options.topic, router.queue_count(self.options.topic))
 
     # -- driver side ---------------------------------------------------------------------------
 
@@ -315,6 +329,9 @@ class _Sender:
         self.conn.call("Send", request)
         self._sequence[(topic, queue_id)] = sequence + 1
 
+    def prepare(self, topic: str, queue_count: int) -> None:
+        pass  # idempotent sends need nothing before the first one
+
     def parts(self) -> tuple[tuple[str, str], ...]:
         return ()  # nothing to commit: every send is visible already
 
@@ -327,7 +344,8 @@ class _Sender:
 
 class _StagingSender(_Sender):
     """Stages the task's rows in its transaction: one part per broker group it writes to (each
-    group's master holds its own transactions), begun on first use.
+    group's master holds its own transactions), begun on first use, or ahead of the first row on
+    a single broker (one that stays empty is aborted, not committed).
 
     A staged send is not deduplicated by the broker, so one whose outcome is unknown (the group's
     master died or stepped down before answering) is never resent into the same part: the part
@@ -344,15 +362,26 @@ class _StagingSender(_Sender):
         self._abandoned: list[tuple[str, str]] = []
         self._kept_bytes = 0
 
-    def parts(self) -> tuple[tuple[str, str], ...]:
-        return tuple((group, part.txn_id) for group, part in sorted(self._parts.items()))
+    def prepare(self, topic: str, queue_count: int) -> None:
+        """Begin the part of the group holding every queue of ``topic`` (a single broker); in a
+        cluster, parts are begun when the task first writes to their group."""
+        groups = {metadata.group_of(self.conn, (topic, queue_id)) for queue_id in range(queue_count)}
+        if len(groups) == 1:
+            self._part(groups.pop())
 
-    def _send_chunk(self, topic: str, queue_id: int, payload: bytes) -> None:
-        group = metadata.group_of(self.conn, (topic, queue_id))
+    def _part(self, group: str) -> _Part:
         part = self._parts.get(group)
         if part is None:
             part = self._parts[group] = _Part(self.conn.for_group(group), self.txn_id)
             part.begin(self.options.transaction_timeout_ms)
+        return part
+
+    def parts(self) -> tuple[tuple[str, str], ...]:
+        return tuple((group, part.txn_id) for group, part in sorted(self._parts.items()) if part.staged)
+
+    def _send_chunk(self, topic: str, queue_id: int, payload: bytes) -> None:
+        group = metadata.group_of(self.conn, (topic, queue_id))
+        part = self._part(group)
         give_up = time.monotonic() + self.conn.retry_timeout
         todo = [(topic, queue_id, payload)]
         while todo:
@@ -382,10 +411,12 @@ class _StagingSender(_Sender):
             part.kept.append(item)
 
     def drop_abandoned(self) -> None:
-        abort_all(self.conn, self._abandoned)
+        """Abort the parts abandoned in a failover, and those begun ahead that staged nothing."""
+        unused = [(group, part.txn_id) for group, part in sorted(self._parts.items()) if not part.staged]
+        abort_all(self.conn, self._abandoned + unused)
 
     def drop_all(self) -> None:
-        abort_all(self.conn, self._abandoned + list(self.parts()))
+        abort_all(self.conn, self._abandoned + [(group, part.txn_id) for group, part in sorted(self._parts.items())])
 
 
 class _Part:
@@ -395,6 +426,7 @@ class _Part:
         self.conn = conn
         self.txn_id = txn_id
         self.kept: list[tuple[str, int, bytes]] | None = []  # staged, acknowledged; None: not kept
+        self.staged = False  # whether a send was staged in it (a part begun ahead may stay empty)
 
     def begin(self, timeout_ms: int) -> None:
         request = pb.BeginTxnRequest(txn_id=self.txn_id, timeout_ms=timeout_ms)
@@ -404,12 +436,13 @@ class _Part:
 
     def renew(self, txn_id: str, timeout_ms: int) -> None:
         """Go on in a new transaction ``txn_id`` (begun once the group answers again), empty."""
-        self.txn_id, self.kept = txn_id, []
+        self.txn_id, self.kept, self.staged = txn_id, [], False
         self.begin(timeout_ms)
 
     def stage(self, topic: str, queue_id: int, payload: bytes) -> None:
         request = pb.SendRequest(topic=topic, queue_id=queue_id, batch=payload, txn_id=self.txn_id)
         self.conn.call("Send", request, retry=False)  # never resent blindly: see _StagingSender
+        self.staged = True
 
 
 def _chunks(table: pa.Table, max_bytes: int) -> Iterator[pa.Table]:
