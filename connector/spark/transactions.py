@@ -43,7 +43,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from broker.wire import codec
-from broker.wire.errors import OffsetOutOfRangeError, OrderlyMQError, PermissionDeniedError, TransactionError
+from broker.wire.errors import (
+    OffsetOutOfRangeError,
+    OrderlyMQError,
+    PermissionDeniedError,
+    TopicNotFoundError,
+    TransactionError,
+)
 from connector.client.connection import pb
 from connector.client.routed import RoutedConnection
 from connector.spark.metadata import Connection, group_connection
@@ -99,8 +105,11 @@ def commit_batch(
         conn.groups()  # learn every group: a plan may name groups no route read by this process holds
     if not replayable:
         return sum(_commit(conn, group, txn_id) for _, group, txn_id in txns)
-    _ensure_sink_log(conn)
-    found = _find_plan(conn, query_id, batch_id)
+    try:
+        found = _find_plan(conn, query_id, batch_id)
+    except TopicNotFoundError:  # the first batch ever committed through this broker: no plan anywhere
+        _ensure_sink_log(conn)
+        found = None
     if found is None:
         plan, position = txns, _record_plan(conn, query_id, batch_id, txns)
     else:
