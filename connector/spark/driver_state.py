@@ -63,7 +63,8 @@ class DriverState:
         return metadata.placement(self.routes[ref[0]], ref[1])
 
     def latest(self, queues: list[QueueRef]) -> Positions:
-        self.last_latest = {ref: metadata.queue_bounds(self.conn, ref)[1] for ref in queues}
+        ends = metadata.each_concurrently(lambda ref: metadata.queue_bounds(self.conn, ref)[1], queues)
+        self.last_latest = dict(zip(queues, ends, strict=True))
         return dict(self.last_latest)
 
     # -- the group's offsets ---------------------------------------------------------------------
@@ -130,14 +131,17 @@ class DriverState:
         if not moved:
             return
         epochs = self.locks.epochs(moved)
-        for ref, pos in sorted(moved.items()):
+
+        def commit_queue(ref: QueueRef) -> None:
             try:
-                self._commit_one(ref, pos, epochs[ref])
+                self._commit_one(ref, moved[ref], epochs[ref])
             except FencedError:
                 # The lock was lost (a broker restart frees them all): take it again if nobody else
                 # consumed the queue, else the FencedError names who did.
-                self._commit_one(ref, pos, self.locks.recover(ref))
-            self._left[ref] = pos
+                self._commit_one(ref, moved[ref], self.locks.recover(ref))
+            self._left[ref] = moved[ref]
+
+        metadata.each_concurrently(commit_queue, sorted(moved))
 
     def _commit_one(self, ref: QueueRef, pos: int, epoch: int) -> None:
         topic, queue_id = ref

@@ -25,7 +25,7 @@ from broker.wire.errors import OrderlyMQError
 from connector.client.connection import BrokerConnection, pb
 from connector.client.locking import queues_by_topic
 from connector.client.routed import RoutedConnection
-from connector.spark.metadata import by_group, group_connection
+from connector.spark.metadata import by_group, each_concurrently, group_connection
 from connector.spark.offsets import positions_of
 from connector.spark.security import ConnectionSecurity
 
@@ -90,14 +90,22 @@ def _advance_group(conn: BrokerConnection, group: str, client_id: str, positions
     for topic, ids in queues_by_topic(positions).items():
         locks = conn.call("QueryLocks", pb.QueryLocksRequest(group=group, topic=topic)).locks
         epochs = {lock.queue_id: lock.epoch for lock in locks if lock.client_id == client_id}
-        for queue_id in ids:
-            if queue_id not in epochs:
-                continue  # the query lost the queue: fencing decides, not this commit
-            pos = positions[(topic, queue_id)]
-            current = conn.call("GetOffset", pb.GetOffsetRequest(group=group, topic=topic, queue_id=queue_id))
-            if current.offset >= pos:
-                continue  # never move a group's offset back
-            conn.call("CommitOffset", pb.CommitOffsetRequest(
-                group=group, topic=topic, queue_id=queue_id, offset=pos, client_id=client_id, epoch=epochs[queue_id]))
-            done += 1
+        held = [queue_id for queue_id in ids if queue_id in epochs]  # a queue the query lost: fencing decides
+        done += sum(each_concurrently(
+            lambda queue_id, topic=topic, epochs=epochs: _advance_queue(
+                conn, group, client_id, (topic, queue_id), positions[(topic, queue_id)], epochs[queue_id]),
+            held,
+        ))
     return done
+
+
+def _advance_queue(conn: BrokerConnection, group: str, client_id: str, ref: tuple[str, int], pos: int,
+                   epoch: int) -> int:
+    """Commit ``pos`` for queue ``ref`` unless the group is there or past it already; 1 if committed."""
+    topic, queue_id = ref
+    current = conn.call("GetOffset", pb.GetOffsetRequest(group=group, topic=topic, queue_id=queue_id))
+    if current.offset >= pos:
+        return 0  # never move a group's offset back
+    conn.call("CommitOffset", pb.CommitOffsetRequest(
+        group=group, topic=topic, queue_id=queue_id, offset=pos, client_id=client_id, epoch=epoch))
+    return 1

@@ -10,7 +10,9 @@ Errors name the option that led to the request and how to fix it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 from broker.wire.errors import BrokerUnavailableError, InvalidOptionError, TopicNotFoundError
 from connector.client.connection import BrokerConnection, pb
@@ -18,12 +20,27 @@ from connector.client.routed import RoutedConnection
 from connector.spark.offsets import Positions, QueueRef
 from connector.spark.options import EARLIEST, LATEST, OffsetSpec
 
-__all__ = ["Connection", "QueueBounds", "all_queues", "by_group", "describe_topics", "group_connection", "group_of",
-           "placement", "queue_bounds", "resolve_positions"]
+__all__ = ["Connection", "QueueBounds", "all_queues", "by_group", "describe_topics", "each_concurrently",
+           "group_connection", "group_of", "placement", "queue_bounds", "resolve_positions"]
 
 log = logging.getLogger(__name__)
 
 QueueBounds = tuple[int, int]  # (min offset still stored, offset the next message will get)
+
+_T = TypeVar("_T")
+_R = TypeVar("_R")
+_MAX_CONCURRENT_CALLS = 8
+
+
+def each_concurrently(call: Callable[[_T], _R], items: Sequence[_T]) -> list[_R]:
+    """``[call(item) for item in items]`` with up to 8 calls in flight: one round trip per queue
+    made one after the other is what a micro-batch of many queues waited for. The first error (in
+    the order of ``items``) is raised once every call has ended."""
+    if len(items) <= 1:
+        return [call(item) for item in items]
+    with ThreadPoolExecutor(min(len(items), _MAX_CONCURRENT_CALLS), thread_name_prefix="orderlymq-call") as pool:
+        futures = [pool.submit(call, item) for item in items]
+    return [future.result() for future in futures]
 
 
 def describe_topics(
