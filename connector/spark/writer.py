@@ -389,7 +389,10 @@ class _StagingSender(_Sender):
                 part.stage(*todo[0])
             except BrokerUnavailableError as exc:
                 if part.kept is None or time.monotonic() > give_up:
-                    raise
+                    raise BrokerUnavailableError(
+                        f"transaction {part.txn_id}: broker {part.conn.address} did not answer a staged send ({exc}); "
+                        "the task fails, and nothing it staged becomes visible"
+                    ) from None
                 log.warning("transaction %s: a staged send to broker group %r got no answer (%s); staging its "
                             "%d earlier send(s) again in a new transaction on the group's master", part.txn_id,
                             group, exc, len(part.kept))
