@@ -83,6 +83,8 @@ def test_three_instances_join_and_leave_mid_stream(fast_broker, topic_name, reco
         consumers["c1"].shutdown()  # leaves mid-stream
         seqs = send_keyed(producer, topic_name, keys, 15, seqs)
         join("c4")  # joins mid-stream
+        # it gets queues before the next sends: else the others may consume them all first
+        assert wait_until(lambda: consumers["c4"].assignment())
         seqs = send_keyed(producer, topic_name, keys, 15, seqs)
         consumers["c2"].shutdown()
         seqs = send_keyed(producer, topic_name, keys, 15, seqs)
