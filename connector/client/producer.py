@@ -31,7 +31,6 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FuturesTimeout
@@ -285,8 +284,6 @@ class Producer:
             messages = pa.Table.from_batches([messages])
         if isinstance(messages, pa.Table):
             table = codec.normalize(messages)
-            raw = messages.column("key").to_pylist() if "key" in messages.column_names else [None] * messages.num_rows
-            rows: Callable[[int], Message] = lambda i: _row_message(topic, messages, i, raw[i])  # noqa: E731
         else:
             if not isinstance(messages, Sequence) or isinstance(messages, str | bytes):
                 raise InvalidRequestError("messages must be an Arrow table or a list of dicts with a 'body'")
@@ -294,27 +291,31 @@ class Producer:
                 if not isinstance(m, Mapping):
                     raise InvalidRequestError(f"each message must be a dict with a 'body', got {type(m).__name__}")
             table = codec.messages_to_batch(messages)
-            raw = [m.get("key") for m in messages]
-            rows = lambda i: _dict_message(topic, messages[i])  # noqa: E731
-        n = table.num_rows
         if queue_id is not None:
-            return [RoutedChunk(_check_queue_id(topic, queue_id, len(queues)), table, list(range(n)))]
+            return [RoutedChunk(_check_queue_id(topic, queue_id, len(queues)), table, list(range(table.num_rows)))]
         chosen = self._resolve(selector)
         if isinstance(messages, pa.Table) and _hash_routed_column(messages, chosen, self._selectors["hash"]):
             return _split_by_queue(table, queue_ids(messages.column("key"), len(queues)))
-        positions: dict[int, list[int]] = defaultdict(list)
-        for i in range(n):
-            key = raw[i]
+        return _split_by_queue(table, self._queue_of_each_row(topic, messages, queues, chosen, arg))
+
+    def _queue_of_each_row(self, topic: str, messages: pa.Table | Sequence[Mapping], queues: list[MessageQueue],
+                           selector: QueueSelector | None, arg: Any) -> np.ndarray:
+        """Row by row: the queue of each message, by its key's hash or by ``selector``."""
+        if isinstance(messages, pa.Table):
+            raw = messages.column("key").to_pylist() if "key" in messages.column_names else [None] * messages.num_rows
+            rows: Callable[[int], Message] = lambda i: _row_message(topic, messages, i, raw[i])  # noqa: E731
+        else:
+            raw = [m.get("key") for m in messages]
+            rows = lambda i: _dict_message(topic, messages[i])  # noqa: E731
+        queue_of_row = np.empty(len(raw), np.int64)
+        for i, key in enumerate(raw):
             _check_key(key)
-            sel = self._selector_for(chosen, key, topic)
+            sel = self._selector_for(selector, key, topic)
             if isinstance(sel, SelectByHash) and key is not None:
-                positions[queue_for_key(key, len(queues))].append(i)
+                queue_of_row[i] = queue_for_key(key, len(queues))
             else:
-                positions[select_queue(sel, queues, rows(i), arg)].append(i)
-        if len(positions) == 1:
-            ((qid, pos),) = positions.items()
-            return [RoutedChunk(qid, table, pos)]
-        return [RoutedChunk(qid, table.take(pa.array(pos, pa.int64())), pos) for qid, pos in sorted(positions.items())]
+                queue_of_row[i] = select_queue(sel, queues, rows(i), arg)
+        return queue_of_row
 
     # -- sending -------------------------------------------------------------------------------
 
