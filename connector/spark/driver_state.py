@@ -63,8 +63,7 @@ class DriverState:
         return metadata.placement(self.routes[ref[0]], ref[1])
 
     def latest(self, queues: list[QueueRef]) -> Positions:
-        ends = metadata.each_concurrently(lambda ref: metadata.queue_bounds(self.conn, ref)[1], queues)
-        self.last_latest = dict(zip(queues, ends, strict=True))
+        self.last_latest = metadata.queue_ends(self.conn, queues)
         return dict(self.last_latest)
 
     # -- the group's offsets ---------------------------------------------------------------------

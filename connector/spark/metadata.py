@@ -21,7 +21,7 @@ from connector.spark.offsets import Positions, QueueRef
 from connector.spark.options import EARLIEST, LATEST, OffsetSpec
 
 __all__ = ["Connection", "QueueBounds", "all_queues", "by_group", "describe_topics", "each_concurrently",
-           "group_connection", "group_of", "placement", "queue_bounds", "resolve_positions"]
+           "group_connection", "group_of", "placement", "queue_bounds", "queue_ends", "resolve_positions"]
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +112,11 @@ def queue_bounds(conn: BrokerConnection, ref: QueueRef, timestamp: int | None = 
     )
     at = response.offset_for_timestamp if timestamp is not None else response.max_offset
     return response.min_offset, response.max_offset, at
+
+
+def queue_ends(conn: BrokerConnection, queues: Sequence[QueueRef]) -> Positions:
+    """The offset the next message of each queue will get, asked of every queue at once."""
+    return dict(zip(queues, each_concurrently(lambda ref: queue_bounds(conn, ref)[1], queues), strict=True))
 
 
 def resolve_positions(

@@ -130,8 +130,7 @@ class OrderlyMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         # connection records the end of every queue now; latestOffset never goes past it.
         with self.options.connect() as conn:
             queues = metadata.all_queues(metadata.describe_topics(conn, self.options.topics))
-            ends = metadata.each_concurrently(lambda ref: metadata.queue_bounds(conn, ref)[1], queues)
-        self._target = dict(zip(queues, ends, strict=True))
+            self._target = metadata.queue_ends(conn, queues)
 
     def reportLatestOffset(self) -> dict | None:
         if self._driver is None or self._driver.last_latest is None:
