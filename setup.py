@@ -29,6 +29,8 @@ setup(
         "crc32c>=2.4,<3",
         "rich>=13",
         "prometheus_client>=0.20,<1",
+        # The broker's event loop in C (broker.server): asyncio's own serves where it is not built.
+        'uvloop>=0.19,<1; sys_platform != "win32" and platform_python_implementation == "CPython"',
     ],
     extras_require={
         "spark": SPARK,
