@@ -18,6 +18,7 @@ from broker.proto import orderlymq_pb2 as pb
 from broker.proto import orderlymq_pb2_grpc as pb_grpc
 from broker.wire.credentials import Credentials
 from broker.wire.errors import BrokerUnavailableError, InvalidOptionError, NotMasterError, from_rpc_error
+from broker.wire.send_request import serialize_send
 from broker.wire.tls import TlsOptions, channel_credentials, channel_options
 
 __all__ = ["MAX_MESSAGE_BYTES", "BrokerConnection", "Credentials", "TlsOptions", "open_channel", "parse_brokers",
@@ -53,6 +54,19 @@ def open_channel(address: str, tls: TlsOptions | None = None) -> grpc.Channel:
     return grpc.secure_channel(address, channel_credentials(tls), options=CHANNEL_OPTIONS + channel_options(tls))
 
 
+class _Stub(pb_grpc.OrderlyMQStub):
+    """The generated stub, whose sends also take a request already serialized by
+    ``broker.wire.send_request.encode_send_request`` (one copy of a big batch instead of three)."""
+
+    def __init__(self, channel: grpc.Channel) -> None:
+        super().__init__(channel)
+        self.Send = channel.unary_unary("/orderlymq.v1.OrderlyMQ/Send", request_serializer=serialize_send,
+                                        response_deserializer=pb.SendResponse.FromString, _registered_method=True)
+        self.SendStream = channel.stream_stream("/orderlymq.v1.OrderlyMQ/SendStream", request_serializer=serialize_send,
+                                                response_deserializer=pb.SendResponse.FromString,
+                                                _registered_method=True)
+
+
 class BrokerConnection:
     """A channel to the first reachable broker of ``brokers``; thread-safe, cheap to share.
 
@@ -82,18 +96,18 @@ class BrokerConnection:
         self._lock = threading.Lock()
         self._index = 0
         self._channel: grpc.Channel | None = None
-        self._stub: pb_grpc.OrderlyMQStub | None = None
+        self._stub: _Stub | None = None
 
     @property
     def address(self) -> str:
         return self.addresses[self._index]
 
     @property
-    def stub(self) -> pb_grpc.OrderlyMQStub:
+    def stub(self) -> _Stub:
         with self._lock:
             if self._stub is None:
                 self._channel = open_channel(self.address, self.tls)
-                self._stub = pb_grpc.OrderlyMQStub(self._channel)
+                self._stub = _Stub(self._channel)
             return self._stub
 
     def _fail_over(self, error: BaseException | None = None) -> None:

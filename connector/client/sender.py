@@ -50,6 +50,7 @@ from broker.wire.errors import (
     from_status,
 )
 from broker.wire.one_message import encode_one
+from broker.wire.send_request import EncodedSend, encode_send_request
 from connector.client.connection import BrokerConnection, pb
 from connector.client.messages import SendResult
 from connector.client.send_future import SendFuture
@@ -103,7 +104,7 @@ class _Batch:
     queue_id: int
     sequence: int
     chunks: list[_Chunk]
-    request: pb.SendRequest | None = None
+    request: pb.SendRequest | EncodedSend | None = None
     error: OrderlyMQError | None = None
     written: bool = False  # handed to a stream: the broker may have it
     dropped: bool = False  # failed before it was written: never to be sent
@@ -455,13 +456,8 @@ class PipelinedSender:
                 except Exception as exc:  # noqa: BLE001 - the dispatcher must survive any bad message
                     batch.error = exc if isinstance(exc, OrderlyMQError) else BadBatchError(f"cannot encode: {exc}")
                     continue
-                batch.request = pb.SendRequest(
-                    topic=batch.topic,
-                    queue_id=batch.queue_id,
-                    batch=codec.encode(table),
-                    producer_id=self.producer_id,
-                    sequence=batch.sequence,
-                )
+                batch.request = encode_send_request(batch.topic, batch.queue_id, codec.encode_parts(table),
+                                                    producer_id=self.producer_id, sequence=batch.sequence)
             failed = [b for b in batches if b.error is not None]
             for batch in failed:
                 for chunk in batch.chunks:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from broker.wire import codec
 from broker.wire.errors import OrderlyMQError, TransactionError
+from broker.wire.send_request import encode_send_request
 from connector.client.connection import pb
 from connector.client.messages import SendResult
 from connector.client.selectors import QueueSelector
@@ -105,9 +106,7 @@ class Transaction:
         chunks = self.producer.route(topic, messages, selector=selector, arg=arg, queue_id=queue_id)
         out: list[SendResult | None] = [None] * sum(len(c.positions) for c in chunks)
         for chunk in chunks:
-            request = pb.SendRequest(
-                topic=topic, queue_id=chunk.queue_id, batch=codec.encode(chunk.table), txn_id=self.txn_id
-            )
+            request = encode_send_request(topic, chunk.queue_id, codec.encode_parts(chunk.table), txn_id=self.txn_id)
             group = self.producer.routes.route(topic).group_of(chunk.queue_id) if self.producer.connection.clustered() else ""
             try:
                 if group not in self._groups:

@@ -36,6 +36,7 @@ from pyspark.sql.datasource import (
 
 from broker.wire import codec
 from broker.wire.errors import BadBatchError, BrokerUnavailableError, TopicGrewError, TransactionError
+from broker.wire.send_request import encode_send_request
 from connector.client.connection import BrokerConnection, pb
 from connector.client.routed import RoutedConnection
 from connector.spark import metadata
@@ -324,9 +325,8 @@ class _Sender:
 
     def _send_chunk(self, topic: str, queue_id: int, payload: bytes) -> None:
         sequence = self._sequence.get((topic, queue_id), 0)
-        request = pb.SendRequest(topic=topic, queue_id=queue_id, batch=payload, producer_id=self.producer_id,
-                                 sequence=sequence)
-        self.conn.call("Send", request)
+        self.conn.call("Send", encode_send_request(topic, queue_id, payload, producer_id=self.producer_id,
+                                                   sequence=sequence))
         self._sequence[(topic, queue_id)] = sequence + 1
 
     def prepare(self, topic: str, queue_count: int) -> None:
@@ -443,8 +443,7 @@ class _Part:
         self.begin(timeout_ms)
 
     def stage(self, topic: str, queue_id: int, payload: bytes) -> None:
-        request = pb.SendRequest(topic=topic, queue_id=queue_id, batch=payload, txn_id=self.txn_id)
-        self.conn.call("Send", request, retry=False)  # never resent blindly: see _StagingSender
+        self.conn.call("Send", encode_send_request(topic, queue_id, payload, txn_id=self.txn_id), retry=False)  # never resent blindly: see _StagingSender
         self.staged = True
 
 
