@@ -19,6 +19,7 @@ from bench.ceiling import CeilingProcess, ceiling_channel, push_callable
 from bench.report import Row, percentile
 from broker.launcher import BrokerProcess
 from broker.wire import codec
+from broker.wire.send_request import encode_send_request
 from connector.client.connection import BrokerConnection, pb
 
 BODY_BYTES = 100
@@ -69,7 +70,7 @@ def ingest(workdir: Path, seconds: float, flush: str, rows_per_batch: int = 10_0
             def work(stop, i):
                 n, q = 0, i
                 while not stop.is_set():
-                    conn.call("Send", pb.SendRequest(topic="bench", queue_id=q % queues, batch=payload))
+                    conn.call("Send", encode_send_request("bench", q % queues, payload))  # as the client sends
                     n += rows_per_batch
                     q += threads
                 return n
