@@ -74,6 +74,7 @@ MESSAGE_SCHEMA_IPC = MESSAGE_SCHEMA.serialize().to_pybytes()
 COMPACTED_SCHEMA_IPC = COMPACTED_SCHEMA.serialize().to_pybytes()
 _KNOWN_SCHEMAS = ((MESSAGE_SCHEMA, MESSAGE_SCHEMA_IPC), (STORED_SCHEMA, STORED_SCHEMA.serialize().to_pybytes()),
                   (COMPACTED_SCHEMA, COMPACTED_SCHEMA_IPC))
+_LONGEST_SCHEMA_IPC = max(len(message) for _schema, message in _KNOWN_SCHEMAS)
 END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 
 
@@ -100,12 +101,12 @@ def decode(payload: bytes | pa.Buffer) -> pa.Table:
     if not payload:
         raise BadBatchError("empty batch: the request carries no Arrow IPC stream")
     try:
-        if isinstance(payload, bytes):
-            for schema, message in _KNOWN_SCHEMAS:
-                if payload.startswith(message):
-                    return _read_batches(pa.py_buffer(payload)[len(message):], schema)
-            payload = pa.py_buffer(payload)
-        return pa.ipc.open_stream(payload).read_all()
+        buffer = payload if isinstance(payload, pa.Buffer) else pa.py_buffer(payload)
+        head = buffer[:_LONGEST_SCHEMA_IPC].to_pybytes()
+        for schema, message in _KNOWN_SCHEMAS:
+            if head.startswith(message):
+                return _read_batches(buffer[len(message):], schema)
+        return pa.ipc.open_stream(buffer).read_all()
     except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
         raise BadBatchError(f"malformed Arrow IPC stream ({len(payload)} bytes): {exc}") from None
 

@@ -18,6 +18,7 @@ from broker.proto import orderlymq_pb2 as pb
 from broker.proto import orderlymq_pb2_grpc as pb_grpc
 from broker.wire.credentials import Credentials
 from broker.wire.errors import BrokerUnavailableError, InvalidOptionError, NotMasterError, from_rpc_error
+from broker.wire.pull_response import decode_pull_response
 from broker.wire.send_request import serialize_send
 from broker.wire.tls import TlsOptions, channel_credentials, channel_options
 
@@ -56,7 +57,9 @@ def open_channel(address: str, tls: TlsOptions | None = None) -> grpc.Channel:
 
 class _Stub(pb_grpc.OrderlyMQStub):
     """The generated stub, whose sends also take a request already serialized by
-    ``broker.wire.send_request.encode_send_request`` (one copy of a big batch instead of three)."""
+    ``broker.wire.send_request.encode_send_request`` (one copy of a big batch instead of three), and
+    whose ``Pull`` answers a ``PullReply`` parsed by hand (its megabytes of batches not copied again
+    once gRPC hands over the bytes)."""
 
     def __init__(self, channel: grpc.Channel) -> None:
         super().__init__(channel)
@@ -65,6 +68,9 @@ class _Stub(pb_grpc.OrderlyMQStub):
         self.SendStream = channel.stream_stream("/orderlymq.v1.OrderlyMQ/SendStream", request_serializer=serialize_send,
                                                 response_deserializer=pb.SendResponse.FromString,
                                                 _registered_method=True)
+        pull = channel.unary_unary("/orderlymq.v1.OrderlyMQ/Pull", request_serializer=pb.PullRequest.SerializeToString,
+                                   _registered_method=True)
+        self.Pull = lambda request, **kwargs: decode_pull_response(pull(request, **kwargs))
 
 
 class BrokerConnection:

@@ -63,6 +63,7 @@ def arrow_schema(schema: StructType) -> pa.Schema:
 def to_spark_batch(table: pa.Table, target: pa.Schema, *, topic: str, broker: str, queue_id: int) -> pa.RecordBatch:
     """Conform a pulled ``STORED_SCHEMA`` table to ``target`` (a projection of ``source_schema``)."""
     n = table.num_rows
+    pulled = table.combine_chunks()  # one chunk per column, copying none that has one already (a pull's usual)
     constant = {
         "topic": pa.repeat(pa.scalar(topic, pa.string()), n),
         "broker": pa.repeat(pa.scalar(broker, pa.string()), n),
@@ -73,6 +74,7 @@ def to_spark_batch(table: pa.Table, target: pa.Schema, *, topic: str, broker: st
         if f.name in constant:
             arrays.append(constant[f.name])
             continue
-        column = table.column(f.name).combine_chunks()
+        chunks = pulled.column(f.name)  # a column's own combine_chunks would copy even a single chunk
+        column = chunks.chunk(0) if chunks.num_chunks == 1 else chunks.combine_chunks()
         arrays.append(column if column.type == f.type else column.cast(f.type))
     return pa.RecordBatch.from_arrays(arrays, schema=target)
