@@ -344,7 +344,10 @@ def _check_message_limits(row: Mapping[str, Any]) -> None:
     """``_check_limits`` of one message dict (``one_message.decode_one``'s)."""
     born = row["born_timestamp"]
     _check_born(born, born)
-    properties = row["properties"] or {}
+    properties = row["properties"]
+    if properties is None and row["tag"] is None:
+        return  # the usual synchronous send: nothing else to measure
+    properties = properties or {}
     for what, limit, values in (
         ("tag", MAX_TAG_BYTES, [row["tag"] or ""]),
         ("property key", MAX_PROPERTY_KEY_BYTES, properties.keys()),
