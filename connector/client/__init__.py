@@ -37,6 +37,7 @@ from connector.client.pull_consumer import PullConsumer
 from connector.client.push_consumer import BROADCASTING, CLUSTERING, dlq_topic, retry_topic
 from connector.client.rebalance import allocate_averagely, allocate_by_circle
 from connector.client.selectors import SelectByHash, SelectByModulo, SelectRandom, SelectRoundRobin
+from connector.client.send_results import SendResults
 from connector.client.transaction import Transaction
 
 __all__ = [
@@ -66,6 +67,7 @@ __all__ = [
     "SelectRandom",
     "SelectRoundRobin",
     "SendResult",
+    "SendResults",
     "TopicInfo",
     "Transaction",
     "allocate_averagely",

@@ -55,6 +55,7 @@ from connector.client.connection import BrokerConnection, Credentials, TlsOption
 from connector.client.messages import Message, MessageQueue, SendResult
 from connector.client.routed import RoutedConnection
 from connector.client.selectors import SELECTORS, QueueSelector, SelectByHash, resolve_selector, select_queue
+from connector.client.send_results import SendResults
 from connector.client.sender import PipelinedSender
 
 __all__ = ["Producer", "RoutedChunk"]
@@ -385,7 +386,7 @@ class Producer:
             try:
                 if single:
                     return self._wait(parts[0], topic)
-                return [r for f in parts for r in self._wait(f, topic)]
+                return SendResults.concat(topic, [self._wait(f, topic) for f in parts])
             except WrongGroupError:
                 if attempt or not all(isinstance(f.exception(), WrongGroupError) for f in parts):
                     raise
@@ -399,10 +400,11 @@ class Producer:
         selector: str | QueueSelector | None = None,
         arg: Any = None,
         queue_id: int | None = None,
-    ) -> list[SendResult]:
+    ) -> SendResults:
         """Send many messages (an Arrow table, or dicts with ``body`` and optional ``key``, ``tag``,
-        ``properties``); each row is routed like ``send``. Returns one result per message, in input
-        order. Rows of one queue are stored in input order, in as few requests as the limits allow."""
+        ``properties``); each row is routed like ``send``. Returns one ``SendResult`` per message, in
+        input order, as a ``SendResults`` sequence (its fields also numpy columns). Rows of one queue
+        are stored in input order, in as few requests as the limits allow."""
         deadline = time.monotonic() + self.retry_timeout
         futures = []
         for chunk in self.route(topic, messages, selector=selector, arg=arg, queue_id=queue_id, deadline=deadline):
@@ -410,12 +412,9 @@ class Producer:
             parts = sender.submit(topic, chunk.queue_id, chunk.table, single=False, urgent=True, deadline=deadline)
             futures.append((chunk, parts))
         total = sum(len(chunk.positions) for chunk, _ in futures)
-        out: list[SendResult | None] = [None] * total
-        for chunk, parts in futures:
-            results = self._send_chunk(topic, chunk.queue_id, chunk.table, False, deadline, parts)
-            for position, result in zip(chunk.positions, results, strict=True):
-                out[position] = result
-        return out  # type: ignore[return-value]
+        return SendResults.gather(topic, total, [
+            (chunk.positions, self._send_chunk(topic, chunk.queue_id, chunk.table, False, deadline, parts))
+            for chunk, parts in futures])
 
     def _forget_stale_route(self, topic: str, error: OrderlyMQError) -> None:
         """Forget the cached route when the broker refused a batch because the route is stale."""

@@ -55,6 +55,7 @@ from connector.client.connection import BrokerConnection, pb
 from connector.client.messages import SendResult
 from connector.client.send_future import SendFuture
 from connector.client.send_port import SendPortClient, SendPortFailure
+from connector.client.send_results import SendResults
 
 __all__ = ["PipelinedSender"]
 
@@ -205,7 +206,7 @@ class PipelinedSender:
     ) -> list[Future]:
         """Queue rows for ``(topic, queue_id)``: a normalized table, or validated message dicts (see
         ``codec.messages_to_batch``). Returns one future per chunk of at most one batch; a future
-        resolves to a ``SendResult`` (``single``) or a list of them, one per row, or fails by
+        resolves to a ``SendResult`` (``single``) or ``SendResults``, one per row, or fails by
         ``deadline`` (``time.monotonic()``; default: now + ``delivery_timeout``).
         """
         default_deadline = time.monotonic() + self.delivery_timeout
@@ -581,12 +582,13 @@ class PipelinedSender:
             offset = response.base_offset
             topic, queue_id, stamp, duplicate = batch.topic, batch.queue_id, response.store_timestamp, response.duplicate
             for chunk in batch.chunks:
-                results = [SendResult(topic, queue_id, offset + i, stamp, duplicate) for i in range(chunk.num_rows)]
-                offset += chunk.num_rows
                 if chunk.single:
-                    SendFuture.set_results(chunk.futures, results)
+                    SendFuture.set_results(chunk.futures, [SendResult(topic, queue_id, offset + i, stamp, duplicate)
+                                                           for i in range(chunk.num_rows)])
                 else:
-                    chunk.futures[0].set_result(results)
+                    chunk.futures[0].set_result(
+                        SendResults.stored_run(topic, queue_id, offset, chunk.num_rows, stamp, duplicate))
+                offset += chunk.num_rows
         with self._cond:
             self._outstanding -= _futures(batch.chunks)
             self._cond.notify_all()

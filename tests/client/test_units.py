@@ -133,6 +133,7 @@ def test_exported_names_are_pinned():
             "SelectRandom",
             "SelectRoundRobin",
             "SendResult",
+            "SendResults",
             "TopicInfo",
             "Transaction",
             "allocate_averagely",
