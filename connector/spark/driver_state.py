@@ -126,7 +126,7 @@ class DriverState:
         ``end``. ``latestOffset(start)`` and ``partitions(start, end)`` are only called once every
         batch up to ``start`` has completed, so they commit ``start`` too.
         """
-        moved = {ref: pos for ref, pos in end.items() if self._left.get(ref) != pos}
+        moved = self.uncommitted(end)
         if not moved:
             return
         epochs = self.locks.epochs(moved)
@@ -141,6 +141,10 @@ class DriverState:
             self._left[ref] = moved[ref]
 
         metadata.each_concurrently(commit_queue, sorted(moved))
+
+    def uncommitted(self, end: Positions) -> Positions:
+        """The positions of ``end`` this client has not committed (nor accepted) yet."""
+        return {ref: pos for ref, pos in end.items() if self._left.get(ref) != pos}
 
     def _commit_one(self, ref: QueueRef, pos: int, epoch: int) -> None:
         topic, queue_id = ref

@@ -25,6 +25,7 @@ from broker.wire.errors import OrderlyMQError
 from connector.client.connection import BrokerConnection, pb
 from connector.client.locking import queues_by_topic
 from connector.client.routed import RoutedConnection
+from connector.spark.connections import shared_connection
 from connector.spark.metadata import by_group, each_concurrently, group_connection
 from connector.spark.offsets import positions_of
 from connector.spark.security import ConnectionSecurity
@@ -34,6 +35,7 @@ __all__ = ["advance_group_offsets", "source_offsets"]
 log = logging.getLogger(__name__)
 
 _KEYS = frozenset({"clientId", "group", "brokers", "queues"})
+_CALL_TIMEOUT_S = 10.0  # a broker that does not answer within it leaves the offsets to the source's commit
 
 
 def source_offsets(checkpoint: str, batch_id: int) -> list[dict]:
@@ -63,9 +65,8 @@ def advance_group_offsets(checkpoint: str | None, batch_id: int, security: Conne
     done = 0
     for offset in source_offsets(checkpoint, batch_id):
         try:
-            kwargs = (security or ConnectionSecurity()).connect_kwargs()
-            with RoutedConnection(offset["brokers"], timeout=10, retry_timeout=10, **kwargs) as conn:
-                done += _advance(conn, offset["group"], offset["clientId"], positions_of(offset))
+            conn = shared_connection(offset["brokers"], security or ConnectionSecurity(), timeout=_CALL_TIMEOUT_S)
+            done += _advance(conn, offset["group"], offset["clientId"], positions_of(offset))
         except OrderlyMQError as exc:
             log.warning("batch %d: advancing the offsets of group %r failed (the source commits them when it plans "
                         "the next batch): %s", batch_id, offset["group"], exc)
@@ -86,26 +87,23 @@ def _advance(conn: RoutedConnection, group: str, client_id: str, positions: dict
 
 
 def _advance_group(conn: BrokerConnection, group: str, client_id: str, positions: dict) -> int:
+    """Per topic, its locks and the group's offsets read at once; then the queues the client holds
+    and the group has not reached yet move (never back), each with the epoch of its lock."""
     done = 0
     for topic, ids in queues_by_topic(positions).items():
-        locks = conn.call("QueryLocks", pb.QueryLocksRequest(group=group, topic=topic)).locks
+
+        def read(queue_id: int | None, topic: str = topic):  # None: the topic's locks
+            if queue_id is None:
+                return conn.call("QueryLocks", pb.QueryLocksRequest(group=group, topic=topic)).locks
+            return conn.call("GetOffset", pb.GetOffsetRequest(group=group, topic=topic, queue_id=queue_id)).offset
+
+        locks, *offsets = each_concurrently(read, [None, *ids])
         epochs = {lock.queue_id: lock.epoch for lock in locks if lock.client_id == client_id}
-        held = [queue_id for queue_id in ids if queue_id in epochs]  # a queue the query lost: fencing decides
-        done += sum(each_concurrently(
-            lambda queue_id, topic=topic, epochs=epochs: _advance_queue(
-                conn, group, client_id, (topic, queue_id), positions[(topic, queue_id)], epochs[queue_id]),
-            held,
-        ))
+        behind = [queue_id for queue_id, offset in zip(ids, offsets, strict=True)
+                  if queue_id in epochs and offset < positions[(topic, queue_id)]]  # a queue lost: fencing decides
+        requests = [pb.CommitOffsetRequest(group=group, topic=topic, queue_id=queue_id, client_id=client_id,
+                                           offset=positions[(topic, queue_id)], epoch=epochs[queue_id])
+                    for queue_id in behind]
+        each_concurrently(lambda request: conn.call("CommitOffset", request), requests)
+        done += len(requests)
     return done
-
-
-def _advance_queue(conn: BrokerConnection, group: str, client_id: str, ref: tuple[str, int], pos: int,
-                   epoch: int) -> int:
-    """Commit ``pos`` for queue ``ref`` unless the group is there or past it already; 1 if committed."""
-    topic, queue_id = ref
-    current = conn.call("GetOffset", pb.GetOffsetRequest(group=group, topic=topic, queue_id=queue_id))
-    if current.offset >= pos:
-        return 0  # never move a group's offset back
-    conn.call("CommitOffset", pb.CommitOffsetRequest(
-        group=group, topic=topic, queue_id=queue_id, offset=pos, client_id=client_id, epoch=epoch))
-    return 1

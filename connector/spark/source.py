@@ -17,6 +17,7 @@ from pyspark.sql.types import StructType
 
 from connector.spark import metadata
 from connector.spark.batch_reader import OrderlyMQBatchReader
+from connector.spark.connections import shared_connection
 from connector.spark.options import SinkOptions, SourceOptions
 from connector.spark.schema import source_schema
 from connector.spark.sink_columns import SinkColumns
@@ -86,7 +87,7 @@ def _plan_write(raw, schema: StructType) -> tuple[SinkOptions, SinkColumns, dict
     options = SinkOptions.from_options(raw)
     columns = SinkColumns.resolve(options, schema)
     counts: dict[str, int] = {}
-    if options.topic is not None:
-        with options.connect() as conn:
-            counts = {t: r.queue_count for t, r in metadata.describe_topics(conn, [options.topic]).items()}
+    if options.topic is not None:  # read every micro-batch: a process-wide connection spares a channel each time
+        conn = shared_connection(options.brokers, options.security)
+        counts = {t: r.queue_count for t, r in metadata.describe_topics(conn, [options.topic]).items()}
     return options, columns, counts

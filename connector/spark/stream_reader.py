@@ -118,8 +118,13 @@ class OrderlyMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         begin = state.effective(spark_begin)
         queues = state.queues()
         state.locks.epochs(queues)
-        state.commit(begin)  # every batch up to ``start`` has completed (see DriverState.commit)
-        latest = state.latest(queues)
+        if state.uncommitted(begin):
+            # Every batch up to ``start`` has completed (see DriverState.commit): commit it while
+            # the queues' ends are read, two independent round trips at once.
+            _, latest = metadata.each_concurrently(lambda step: step(), [lambda: state.commit(begin),
+                                                                         lambda: state.latest(queues)])
+        else:
+            latest = state.latest(queues)
         if self._target is not None:
             latest = {ref: min(pos, self._target.get(ref, 0)) for ref, pos in latest.items()}
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None

@@ -21,7 +21,12 @@ aborts its own. A planned transaction the broker aborted meanwhile (its timeout 
 long outage) was never visible, so the replay's transaction of that partition, which holds the
 same rows, takes its place. After a commit the group ``spark-sink/<query id>`` stores the log
 position of that batch's plan (the last batch that can still be replayed), so a lookup reads only
-the plans written since.
+the plans written since. That position is recorded once the batch is visible, at the same time as
+the caller's own follow-up (the sink's hand-over of the source offsets): neither waits for the
+other, and a lookup that starts earlier than it could only reads more plans. A process that
+committed an earlier batch of the query starts the next lookup at that batch's plan without
+asking: any plan of a later batch was recorded after it (Spark commits a batch only once the one
+before it has completed), so nothing is skipped.
 
 In a cluster (docs/cluster.md) a task's rows go to queues of several broker groups, and each
 group's master holds its own transactions: a task's transaction has one part per group it wrote
@@ -38,6 +43,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
+from collections.abc import Callable
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -52,7 +58,7 @@ from broker.wire.errors import (
 )
 from connector.client.connection import pb
 from connector.client.routed import RoutedConnection
-from connector.spark.metadata import Connection, group_connection
+from connector.spark.metadata import Connection, each_concurrently, group_connection
 
 __all__ = ["SINK_LOG_TOPIC", "abort_all", "commit_batch", "task_txn_id"]
 
@@ -60,6 +66,10 @@ log = logging.getLogger(__name__)
 
 SINK_LOG_TOPIC = "__orderlymq_spark_sink"
 _PLAN_TAG = "plan"
+
+# (bootstrap broker, query id) -> (batch id, log position of its plan), for the batches this process
+# committed: where the lookup of a later batch of the query starts (see the module docstring).
+_committed_here: dict[tuple[str, str], tuple[int, int]] = {}
 
 
 def task_txn_id(query_id: str, batch_id: int, partition: int, task_attempt: int, attempt: int) -> str:
@@ -93,12 +103,19 @@ def abort_all(conn: Connection, parts: list[tuple[str, str]]) -> None:
 
 
 def commit_batch(
-    conn: Connection, query_id: str, batch_id: int, txns: list[tuple[int, str, str]], *, replayable: bool
+    conn: Connection,
+    query_id: str,
+    batch_id: int,
+    txns: list[tuple[int, str, str]],
+    *,
+    replayable: bool,
+    then: Callable[[], object] | None = None,
 ) -> int:
     """Commit the batch ``batch_id`` of ``query_id`` once; the number of rows made visible now.
 
     ``txns`` are this attempt's ``(partition, broker group, transaction id)``. With ``replayable``
-    (a streaming query) a plan recorded by an earlier attempt of the batch wins, as explained above.
+    (a streaming query) a plan recorded by an earlier attempt of the batch wins, as explained above,
+    and ``then`` is called once the batch is visible, while its plan's position is recorded.
     """
     txns = sorted(txns)
     if isinstance(conn, RoutedConnection) and any(group for _, group, _ in txns):
@@ -141,11 +158,28 @@ def commit_batch(
     abort_all(conn, [(group, txn_id) for _, group, txn_id in txns if (group, txn_id) not in used])
     # Batches before this one can no longer be replayed (Spark recorded them as done before it
     # started this one); this one can, until Spark records it: later lookups start at its plan.
-    conn.call(
-        "CommitOffset",
-        pb.CommitOffsetRequest(group=_log_group(query_id), topic=SINK_LOG_TOPIC, queue_id=0, offset=position),
-    )
+    _committed_here[_position_key(conn, query_id)] = (batch_id, position)
+
+    def record_position() -> None:
+        request = pb.CommitOffsetRequest(group=_log_group(query_id), topic=SINK_LOG_TOPIC, queue_id=0, offset=position)
+        conn.call("CommitOffset", request)
+
+    each_concurrently(lambda step: step(), [record_position] if then is None else [record_position, then])
     return committed
+
+
+def _position_key(conn: Connection, query_id: str) -> tuple[str, str]:
+    return conn.addresses[0], query_id
+
+
+def _lookup_start(conn: Connection, query_id: str, batch_id: int) -> int:
+    """Where the plan of ``batch_id`` can be first: at the plan of the last batch committed, as this
+    process committed an earlier batch of the query, else as the log's group stores it."""
+    known = _committed_here.get(_position_key(conn, query_id))
+    if known is not None and known[0] < batch_id:
+        return known[1]
+    request = pb.GetOffsetRequest(group=_log_group(query_id), topic=SINK_LOG_TOPIC, queue_id=0)
+    return conn.call("GetOffset", request).offset
 
 
 def _on_group(group: str) -> str:
@@ -178,10 +212,7 @@ def _record_plan(conn: Connection, query_id: str, batch_id: int, txns: list[tupl
 
 def _find_plan(conn: Connection, query_id: str, batch_id: int) -> tuple[list[tuple[int, str, str]], int] | None:
     """The plan of ``batch_id`` and its log offset, if an earlier attempt recorded one."""
-    start = conn.call(
-        "GetOffset", pb.GetOffsetRequest(group=_log_group(query_id), topic=SINK_LOG_TOPIC, queue_id=0)
-    ).offset
-    offset = max(start, 0)
+    offset = max(_lookup_start(conn, query_id, batch_id), 0)
     while True:
         request = pb.PullRequest(topic=SINK_LOG_TOPIC, queue_id=0, offset=offset, tag_expression=_PLAN_TAG)
         try:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -40,6 +40,7 @@ from broker.wire.send_request import encode_send_request
 from connector.client.connection import BrokerConnection, pb
 from connector.client.routed import RoutedConnection
 from connector.spark import metadata
+from connector.spark.connections import shared_connection
 from connector.spark.handoff import advance_group_offsets
 from connector.spark.options import SinkOptions
 from connector.spark.sharding import queue_ids
@@ -126,25 +127,24 @@ class _OrderlyMQWriterMixin:
 
     # -- driver side ---------------------------------------------------------------------------
 
-    def _commit(self, messages: list[SinkCommitMessage | None], batch_id: int) -> None:
+    def _commit(self, messages: list[SinkCommitMessage | None], batch_id: int,
+                then: Callable[[], object] | None = None) -> None:
+        """Make the batch visible, then call ``then`` (at once when there is nothing to commit)."""
         done = [m for m in messages if m is not None]
         txns = [(m.partition_id, group, txn_id) for m in done for group, txn_id in m.parts]
         if not txns:
+            if then is not None:
+                then()
             return
-        with self._driver_connection(txns) as conn:
-            rows = commit_batch(conn, done[0].query_id, batch_id, txns, replayable=self.streaming)
+        conn = shared_connection(self.options.brokers, self.options.security)
+        rows = commit_batch(conn, done[0].query_id, batch_id, txns, replayable=self.streaming, then=then)
         log.info("committed batch %d: %d row(s) from %d task(s)", batch_id, rows, len({p for p, _, _ in txns}))
 
     def _abort(self, messages: list[SinkCommitMessage | None], batch_id: int) -> None:
         parts = [part for m in messages if m is not None for part in m.parts]
         if parts:
-            with self._driver_connection([(0, group, txn_id) for group, txn_id in parts]) as conn:
-                abort_all(conn, parts)
+            abort_all(shared_connection(self.options.brokers, self.options.security), parts)
         log.warning("aborted batch %d: %d staged transaction(s) dropped", batch_id, len(parts))
-
-    def _driver_connection(self, txns: list[tuple[int, str, str]]):
-        """A single broker's plain connection when every part is on it, else the cluster's."""
-        return self.options.connect() if any(group for _, group, _ in txns) else self.options.connect_direct()
 
 
 class OrderlyMQWriter(_OrderlyMQWriterMixin, DataSourceArrowWriter):
@@ -172,8 +172,8 @@ class OrderlyMQStreamWriter(_OrderlyMQWriterMixin, DataSourceStreamArrowWriter):
         self.checkpoint = checkpoint
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        self._commit(messages, batchId)
-        advance_group_offsets(self.checkpoint, batchId, self.options.security)
+        self._commit(messages, batchId, then=lambda: advance_group_offsets(self.checkpoint, batchId,
+                                                                           self.options.security))
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         self._abort(messages, batchId)

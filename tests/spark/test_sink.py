@@ -160,3 +160,21 @@ def test_topic_grown_under_a_running_writer_fails_clearly(broker, conn, topic_na
     with pytest.raises(TopicGrewError, match="now has 4 queues, but this query routes keys over the 2"):
         _attempt(writer, 0, keyed_events(2, 1))
     assert all(events == [] for events in topic_events(conn, topic_name).values())
+
+
+def test_replay_is_found_after_this_process_committed_the_batch_before(broker, conn, topic_name):
+    """Batch 4 is committed here; an attempt elsewhere plans batch 5 and commits partition 0 only, then
+    dies. This process's lookup of batch 5 starts at batch 4's plan, finds batch 5's and completes it."""
+    from connector.spark import transactions
+
+    create_topic(conn, topic_name, 2)
+    writer = _writer(broker, topic_name)
+    first = keyed_events(2, 2)
+    writer.commit([_attempt(writer, 0, first)], 4)
+    part0, part1 = keyed_events(3, 2, start=10), keyed_events(3, 2, start=12)
+    elsewhere = [_attempt(writer, 0, part0), _attempt(writer, 1, part1)]
+    transactions._record_plan(conn, elsewhere[0].query_id, 5,
+                              [(m.partition_id, group, txn) for m in elsewhere for group, txn in m.parts])
+    conn.call("CommitTxn", pb.CommitTxnRequest(txn_id=elsewhere[0].parts[0][1]))
+    writer.commit([_attempt(writer, 0, part0), _attempt(writer, 1, part1)], 5)
+    check_routed_in_order(conn, topic_name, 2, first + part0 + part1)
