@@ -1,9 +1,10 @@
 """Why a streaming query failed, in full: the messages of its exception's whole cause chain.
 
-When a task of a micro-batch fails, Spark ends a query that writes to a data source with the
-fixed message "Writing job failed."; the task's error (for instance a ``BrokerUnavailableError``
-naming the broker, the queue and option ``pollTimeoutMs``) is further down the exception's cause
-chain, which PySpark's ``query.exception()`` does not print. ``failure_reasons(query)`` lists it.
+When a task of a micro-batch fails and the sink's abort of the batch fails as well, Spark ends a
+query that writes to a data source with the fixed message "Writing job failed."; the task's error
+(for instance a ``BrokerUnavailableError`` naming the broker, the queue and option
+``pollTimeoutMs``) is further down the exception's cause chain, which PySpark's
+``query.exception()`` does not print. ``failure_reasons(query)`` lists it.
 """
 
 from __future__ import annotations

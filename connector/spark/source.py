@@ -6,6 +6,9 @@ bad option fails before any task runs; see ``docs/spark.md`` for every option an
 
 from __future__ import annotations
 
+import functools
+import uuid
+
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
@@ -60,6 +63,10 @@ class OrderlyMQDataSource(DataSource):
     ...     .option("checkpointLocation", "/tmp/ckpt").start())
     """
 
+    def __init__(self, options: dict[str, str]) -> None:
+        super().__init__(options)
+        self.instance = uuid.uuid4().hex  # pickled along: the key of the queue counts read for it
+
     @classmethod
     def name(cls) -> str:
         return "orderlymq"
@@ -75,19 +82,30 @@ class OrderlyMQDataSource(DataSource):
         return OrderlyMQStreamReader(SourceOptions.from_options(self.options, streaming=True), schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
-        options, columns, counts = _plan_write(self.options, schema)
-        return OrderlyMQWriter(options, columns, counts)
+        options, columns = _plan_write(self.options, schema)
+        return OrderlyMQWriter(options, columns, _queue_counts(self.instance, options))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
-        options, columns, counts = _plan_write(self.options, schema)
-        return OrderlyMQStreamWriter(options, columns, counts, checkpoint=self.options.get("checkpointLocation"))
+        options, columns = _plan_write(self.options, schema)
+        return OrderlyMQStreamWriter(options, columns, _queue_counts(self.instance, options),
+                                     checkpoint=self.options.get("checkpointLocation"))
 
 
-def _plan_write(raw, schema: StructType) -> tuple[SinkOptions, SinkColumns, dict[str, int]]:
+def _plan_write(raw, schema: StructType) -> tuple[SinkOptions, SinkColumns]:
     options = SinkOptions.from_options(raw)
-    columns = SinkColumns.resolve(options, schema)
-    counts: dict[str, int] = {}
-    if options.topic is not None:  # read every micro-batch: a process-wide connection spares a channel each time
-        conn = shared_connection(options.brokers, options.security)
-        counts = {t: r.queue_count for t, r in metadata.describe_topics(conn, [options.topic]).items()}
-    return options, columns, counts
+    return options, SinkColumns.resolve(options, schema)
+
+
+@functools.lru_cache(maxsize=64)
+def _queue_counts(instance: str, options: SinkOptions) -> dict[str, int]:
+    """``{topic: queue count}`` of the ``topic`` option, read once per instance of the data source.
+
+    Spark makes a new instance to plan each micro-batch's write, so every write is planned with
+    the count of now (and its tasks check that it still holds). It builds the writer of each
+    micro-batch's commit from the instance it made when the query started, and that writer needs
+    no count: one lookup for the query instead of one every micro-batch. Callers copy the answer.
+    """
+    if options.topic is None:
+        return {}
+    conn = shared_connection(options.brokers, options.security)
+    return {t: r.queue_count for t, r in metadata.describe_topics(conn, [options.topic]).items()}
