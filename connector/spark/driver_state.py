@@ -16,6 +16,7 @@ never pickled. Two duties beyond holding the locks:
 from __future__ import annotations
 
 import logging
+import time
 
 from broker.wire.errors import FencedError, GroupOffsetConflictError
 from connector.client.connection import pb
@@ -29,6 +30,8 @@ from connector.spark.options import SourceOptions
 __all__ = ["DriverState"]
 
 log = logging.getLogger(__name__)
+
+_ROUTES_TTL_S = 1.0
 
 
 class DriverState:
@@ -44,6 +47,7 @@ class DriverState:
         self.locks.on_change = self.warden.holds
         self.last_latest: Positions | None = None
         self.routes: dict[str, pb.TopicRoute] = {}  # the topics' routes as last read (queue -> group)
+        self._routes_read_at: float | None = None
         self._left: Positions = {}  # where this client left (committed or accepted) the group's offsets
         self._rebase: dict[QueueRef, tuple[int, int]] = {}  # groupOffsetConflict=group: (checkpoint, group)
         self.checked = False
@@ -52,14 +56,22 @@ class DriverState:
         return self._left.get(ref)
 
     def queues(self) -> list[QueueRef]:
-        """Every queue of the topics now (new queues of a growing topic appear here)."""
-        self.routes = metadata.describe_topics(self.conn, self.options.topics)
+        """Every queue of the topics, as read at most ``_ROUTES_TTL_S`` ago: new queues of a growing
+        topic appear within it, and an idle query's latestOffset, asked every few milliseconds, does
+        not read the routes each time."""
+        if self._routes_read_at is None or time.monotonic() - self._routes_read_at >= _ROUTES_TTL_S:
+            self._read_routes()
         return metadata.all_queues(self.routes)
+
+    def _read_routes(self) -> None:
+        read_at = time.monotonic()
+        self.routes = metadata.describe_topics(self.conn, self.options.topics)
+        self._routes_read_at = read_at
 
     def placement(self, ref: QueueRef) -> tuple[str, tuple[str, ...]]:
         """The broker (a cluster: the group) holding queue ``ref`` and its brokers, as last read."""
         if ref[0] not in self.routes:
-            self.queues()
+            self._read_routes()
         return metadata.placement(self.routes[ref[0]], ref[1])
 
     def latest(self, queues: list[QueueRef]) -> Positions:
