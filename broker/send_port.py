@@ -73,7 +73,7 @@ class _SendConnection(asyncio.Protocol):
         self._max_frame = max_frame
         self._buffer = bytearray()
         self._greeted = False
-        self._queued: deque[tuple[pb.SendRequest | pb.SendResponse, float]] = deque()
+        self._queued: deque[tuple[pb.SendRequest | pb.SendResponse, int, float]] = deque()  # (request, size, started)
         self._worker: asyncio.Task | None = None
         self._paused: set[str] = set()  # why reading is paused: "queued", "writing"
         self._conn: asyncio.Transport | None = None
@@ -136,14 +136,14 @@ class _SendConnection(asyncio.Protocol):
         return True
 
     def _request(self, raw: bytes) -> None:
-        self._enqueue(self._sends.parse_send(raw), time.perf_counter())
+        self._enqueue(self._sends.parse_send(raw), len(raw), time.perf_counter())
 
-    def _enqueue(self, request: pb.SendRequest | pb.SendResponse, started: float) -> None:
+    def _enqueue(self, request: pb.SendRequest | pb.SendResponse, size: int, started: float) -> None:
         """Answer now when nothing waits and it may be stored on the loop; else queue it."""
-        if self._worker is None and (isinstance(request, pb.SendResponse) or self._sends.send_on_loop(request)):
+        if self._worker is None and (isinstance(request, pb.SendResponse) or self._sends.send_on_loop(request, size)):
             self._answer(self._store_now(request), started)
             return
-        self._queued.append((request, started))
+        self._queued.append((request, size, started))
         if self._worker is None:
             self._worker = asyncio.get_running_loop().create_task(self._drain())
         if len(self._queued) >= _MAX_QUEUED:
@@ -160,12 +160,12 @@ class _SendConnection(asyncio.Protocol):
     async def _drain(self) -> None:
         """Answer the queued requests in order, each where ``_Transport.send`` runs it."""
         while self._queued:
-            request, started = self._queued.popleft()
+            request, size, started = self._queued.popleft()
             if isinstance(request, pb.SendResponse):
                 answer = request
             else:
                 try:
-                    answer = await self._sends.send(request)
+                    answer = await self._sends.send(request, size)
                 except Exception as exc:  # noqa: BLE001 - answered, the connection stays open
                     answer = self._sends.send_failure(request, exc)
             self._answer(answer, started)
@@ -189,7 +189,7 @@ class _SendConnection(asyncio.Protocol):
         self._enqueue(pb.SendResponse(
             error_code=grpc.StatusCode.RESOURCE_EXHAUSTED.value[0], error_kind="InvalidRequestError",
             error_message=f"a send of {size} bytes is over the broker's limit of {self._max_frame} bytes "
-                          "(max_request_bytes); send smaller batches"), time.perf_counter())
+                          "(max_request_bytes); send smaller batches"), 0, time.perf_counter())
 
     # -- flow control --------------------------------------------------------------------------
 

@@ -118,26 +118,27 @@ class _Transport:
     async def on_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
 
-    def send_on_loop(self, request: pb.SendRequest) -> bool:
-        # ByteSize, not len(request.batch): reading a bytes field copies it, megabytes for a big batch.
-        return self.sends_on_loop and not request.txn_id and request.ByteSize() <= _ON_LOOP_SEND_BYTES
+    def send_on_loop(self, request: pb.SendRequest, size: int) -> bool:
+        """Whether a send of ``size`` bytes on the wire is stored right here on the loop. The size
+        as received: ``ByteSize`` serializes the whole message again, reading ``batch`` copies it."""
+        return self.sends_on_loop and not request.txn_id and size <= _ON_LOOP_SEND_BYTES
 
-    async def send(self, request: pb.SendRequest) -> pb.SendResponse:
-        if self.send_on_loop(request):
+    async def send(self, request: pb.SendRequest, size: int) -> pb.SendResponse:
+        if self.send_on_loop(request, size):
             return self.service.Send(request)
         return await self.on_thread(self.service.Send, request)
 
     def unary(self, name: str, request_type) -> Callable[[bytes, Any], Awaitable[Any]]:
         """The handler of a unary RPC: parse, run on the loop or a thread, map failures."""
         body = getattr(self.service, name)
-        run: Callable[[Any], Awaitable[Any]]
+        run: Callable[[Any, int], Awaitable[Any]]  # (request, its size on the wire)
         if name == "Send":
             run = self.send
         elif name in (_ON_LOOP_CLUSTERED if self.service.config.clustered else _ON_LOOP):
-            async def run(request):
+            async def run(request, _size):
                 return body(request)
         else:
-            async def run(request):
+            async def run(request, _size):
                 return await self.on_thread(body, request)
 
         async def handler(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
@@ -150,7 +151,7 @@ class _Transport:
             try:
                 if user is not None:
                     self.guard.authorize(user, name, request)
-                answer = await run(request)
+                answer = await run(request, len(raw))
                 if user is not None and name == "ListTopics":
                     answer = self.visible_topics(user, answer)
                 self.metrics.rpc_done(name, started)
@@ -238,7 +239,7 @@ class _Transport:
         try:
             if user is not None:
                 self.guard.authorize(user, "SendStream", request)
-            return await self.send(request)
+            return await self.send(request, len(raw))
         except Exception as exc:  # noqa: BLE001 - reported per request, the stream stays open
             return self.send_failure(request, exc)
 
