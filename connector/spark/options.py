@@ -369,10 +369,6 @@ class SinkOptions:
         """A connection to the broker or cluster (each queue's sends go to its group's master)."""
         return RoutedConnection(self.brokers, **self.security.connect_kwargs())
 
-    def connect_direct(self) -> BrokerConnection:
-        """A plain connection to ``brokers`` (a single broker)."""
-        return BrokerConnection(self.brokers, **self.security.connect_kwargs())
-
     @classmethod
     def from_options(cls, mapping: Mapping[str, Any]) -> SinkOptions:
         """Parse Spark's options; ``InvalidOptionError`` naming the option and the fix when wrong."""

@@ -443,7 +443,8 @@ class _Part:
         self.begin(timeout_ms)
 
     def stage(self, topic: str, queue_id: int, payload: bytes) -> None:
-        self.conn.call("Send", encode_send_request(topic, queue_id, payload, txn_id=self.txn_id), retry=False)  # never resent blindly: see _StagingSender
+        request = encode_send_request(topic, queue_id, payload, txn_id=self.txn_id)
+        self.conn.call("Send", request, retry=False)  # never resent blindly: see _StagingSender
         self.staged = True
 
 
