@@ -115,6 +115,7 @@ class LockKeeper:
             granted = lock_queues(self.conn, self.group, self.client_id, missing, self.timeout_ms)
             with self._mutex:
                 self._epochs.update(granted)
+            self._unless_released(granted)
             self._changed()
             self._start_renewal()
         with self._mutex:
@@ -137,9 +138,27 @@ class LockKeeper:
         topic, queue_id = ref
         granted = locking.try_lock(self.conn, self.group, self.client_id, topic, [queue_id])
         self._settle(ref, old, granted.get(queue_id))
+        if queue_id in granted:
+            self._unless_released([ref])
         self.raise_if_fenced([ref])
         with self._mutex:
             return self._epochs[ref]
+
+    def _unless_released(self, taken: Iterable[QueueRef]) -> None:
+        """After recording locks just ``taken``: when ``release`` has begun meanwhile, unlock them
+        again and stop. Spark stops a reader with a SIGTERM that unwinds its main thread while a
+        planning call's threads (offset commits that take a lost lock back) may still run: a lock
+        they take after the release must not outlive the reader and block the next query. Checked
+        after recording, so ``release`` either unlocks the lock itself or this does."""
+        if not self._stop.is_set():
+            return
+        taken = sorted(taken)
+        with self._mutex:
+            for ref in taken:
+                self._epochs.pop(ref, None)
+        unlock(self.conn, self.group, self.client_id, taken)
+        raise OrderlyMQError(f"client {self.client_id!r} of group {self.group!r} stopped and released its queue "
+                             "locks; the lock just taken was given back")
 
     def _settle(self, ref: QueueRef, old: int | None, new: int | None) -> None:
         """Record the answer of a renewal of ``ref``: same epoch, regained, or lost."""

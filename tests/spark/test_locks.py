@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from broker.wire.errors import FencedError
+from broker.wire.errors import FencedError, OrderlyMQError
 from connector.client import locking
 from connector.client.connection import BrokerConnection, pb
 from connector.spark.locks import LockKeeper
@@ -33,6 +33,23 @@ def test_renewal_fences_a_queue_another_client_consumed_while_the_lock_was_free(
     with pytest.raises(FencedError, match="'rival'"):
         keeper.epochs([ref])
     keeper.release()
+
+
+def test_a_lock_taken_back_after_release_is_given_back(broker, topic_name):
+    """A stopping reader's planning thread may still take a lost lock back (``recover``) after
+    ``release``: the lock must not outlive the reader, or the next query of the group waits."""
+    conn = BrokerConnection(broker.address)
+    create_topic(conn, topic_name, 2)
+    keeper = LockKeeper(conn, "g", "me", 1000)
+    keeper.epochs([(topic_name, 0)])
+    keeper.release()
+    with pytest.raises(OrderlyMQError, match="released its queue locks"):
+        keeper.recover((topic_name, 0))
+    with pytest.raises(OrderlyMQError, match="released its queue locks"):
+        keeper.epochs([(topic_name, 1)])
+    locks = conn.call("QueryLocks", pb.QueryLocksRequest(group="g", topic=topic_name)).locks
+    assert [lock.queue_id for lock in locks if lock.client_id] == []
+    assert locking.try_lock(conn, "g", "next-query", topic_name, [0, 1]).keys() == {0, 1}
 
 
 def test_renewal_takes_back_a_lock_freed_by_a_restart_when_nobody_else_consumed(restartable, topic_name):
