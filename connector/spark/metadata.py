@@ -20,7 +20,7 @@ from connector.client.routed import RoutedConnection
 from connector.spark.offsets import Positions, QueueRef
 from connector.spark.options import EARLIEST, LATEST, OffsetSpec
 
-__all__ = ["Connection", "QueueBounds", "all_queues", "by_group", "describe_topics", "each_concurrently",
+__all__ = ["Connection", "QueueBounds", "all_queues", "at_once", "by_group", "describe_topics", "each_concurrently",
            "group_connection", "group_of", "placement", "queue_bounds", "queue_ends", "resolve_positions"]
 
 log = logging.getLogger(__name__)
@@ -41,6 +41,11 @@ def each_concurrently(call: Callable[[_T], _R], items: Sequence[_T]) -> list[_R]
     with ThreadPoolExecutor(min(len(items), _MAX_CONCURRENT_CALLS), thread_name_prefix="orderlymq-call") as pool:
         futures = [pool.submit(call, item) for item in items]
     return [future.result() for future in futures]
+
+
+def at_once(*steps: Callable[[], _R]) -> list[_R]:
+    """Call independent ``steps`` at the same time (``each_concurrently``); their results in order."""
+    return each_concurrently(lambda step: step(), steps)
 
 
 def describe_topics(

@@ -121,8 +121,7 @@ class OrderlyMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         if state.uncommitted(begin):
             # Every batch up to ``start`` has completed (see DriverState.commit): commit it while
             # the queues' ends are read, two independent round trips at once.
-            _, latest = metadata.each_concurrently(lambda step: step(), [lambda: state.commit(begin),
-                                                                         lambda: state.latest(queues)])
+            _, latest = metadata.at_once(lambda: state.commit(begin), lambda: state.latest(queues))
         else:
             latest = state.latest(queues)
         if self._target is not None:

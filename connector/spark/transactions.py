@@ -58,7 +58,7 @@ from broker.wire.errors import (
 )
 from connector.client.connection import pb
 from connector.client.routed import RoutedConnection
-from connector.spark.metadata import Connection, each_concurrently, group_connection
+from connector.spark.metadata import Connection, at_once, group_connection
 
 __all__ = ["SINK_LOG_TOPIC", "abort_all", "commit_batch", "task_txn_id"]
 
@@ -164,7 +164,7 @@ def commit_batch(
         request = pb.CommitOffsetRequest(group=_log_group(query_id), topic=SINK_LOG_TOPIC, queue_id=0, offset=position)
         conn.call("CommitOffset", request)
 
-    each_concurrently(lambda step: step(), [record_position] if then is None else [record_position, then])
+    at_once(*([record_position] if then is None else [record_position, then]))
     return committed
 
 
