@@ -45,6 +45,7 @@ from broker.security.throttle import peer_host
 from broker.send_port import SendPort, serve_send_port, serves_send_port
 from broker.service import BrokerService
 from broker.wire.errors import ERROR_KIND_KEY, PermissionDeniedError, UnauthenticatedError, status_metadata, to_status
+from broker.wire.send_request import SendRequestView, parse_send_request
 
 __all__ = ["BrokerService", "RunningBroker", "start_broker"]
 
@@ -118,12 +119,12 @@ class _Transport:
     async def on_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
 
-    def send_on_loop(self, request: pb.SendRequest, size: int) -> bool:
+    def send_on_loop(self, request: pb.SendRequest | SendRequestView, size: int) -> bool:
         """Whether a send of ``size`` bytes on the wire is stored right here on the loop. The size
         as received: ``ByteSize`` serializes the whole message again, reading ``batch`` copies it."""
         return self.sends_on_loop and not request.txn_id and size <= _ON_LOOP_SEND_BYTES
 
-    async def send(self, request: pb.SendRequest, size: int) -> pb.SendResponse:
+    async def send(self, request: pb.SendRequest | SendRequestView, size: int) -> pb.SendResponse:
         if self.send_on_loop(request, size):
             return self.service.Send(request)
         return await self.on_thread(self.service.Send, request)
@@ -141,11 +142,13 @@ class _Transport:
             async def run(request, _size):
                 return await self.on_thread(body, request)
 
+        parse = parse_send_request if name == "Send" else request_type.FromString
+
         async def handler(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
             started = time.perf_counter()
             user = await self.admit(context, name, started) if self.guard is not None else None
             try:
-                request = request_type.FromString(raw)
+                request = parse(raw)
             except DecodeError:
                 await _abort_malformed(context, raw, request_type)
             try:
@@ -215,16 +218,16 @@ class _Transport:
         return answer
 
     @staticmethod
-    def parse_send(raw: bytes) -> pb.SendRequest | pb.SendResponse:
+    def parse_send(raw: bytes) -> pb.SendRequest | SendRequestView | pb.SendResponse:
         """A stream's or the send port's request, or the error answer of a malformed one."""
         try:
-            return pb.SendRequest.FromString(raw)
+            return parse_send_request(raw)
         except DecodeError:
             return pb.SendResponse(error_code=grpc.StatusCode.INVALID_ARGUMENT.value[0],
                                    error_kind="InvalidRequestError", error_message=_malformed(raw, pb.SendRequest))
 
     @staticmethod
-    def send_failure(request: pb.SendRequest, exc: BaseException) -> pb.SendResponse:
+    def send_failure(request: pb.SendRequest | SendRequestView, exc: BaseException) -> pb.SendResponse:
         """The answer of a request that failed, on a stream (or connection) that stays open."""
         code, message, kind = to_status(exc)
         if code == grpc.StatusCode.INTERNAL:

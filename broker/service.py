@@ -175,8 +175,9 @@ class BrokerService:
         if request.txn_id:
             with self._txn_changes() as record:
                 self.txns.stage(request.txn_id, request.topic, request.queue_id, body)
-                record(pb.TxnChange(kind=pb.TxnChange.STAGE, txn_id=request.txn_id, topic=request.topic,
-                                    queue_id=request.queue_id, payload=body))
+                if self.cluster is not None:  # only the group's slaves read the payload from the change
+                    record(pb.TxnChange(kind=pb.TxnChange.STAGE, txn_id=request.txn_id, topic=request.topic,
+                                        queue_id=request.queue_id, payload=bytes(body)))
             return pb.SendResponse(base_offset=-1, count=count, queue_id=request.queue_id)
         result = queue.append(body, count, request.producer_id, request.sequence if request.producer_id else -1)
         if not result.duplicate:

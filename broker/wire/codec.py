@@ -272,12 +272,13 @@ def _key_text(i: int, key: Any) -> str | None:
     return None if key is None else str(key)
 
 
-def message_batch(payload: bytes) -> tuple[bytes, int]:
+def message_batch(payload: bytes | memoryview) -> tuple[bytes | memoryview, int]:
     """A sent batch as the broker stores it, and its row count: an Arrow IPC stream of
     ``MESSAGE_SCHEMA`` columns, fully validated, laid out as ``encode`` lays it out.
 
-    A payload already in that form (what our producers send) is kept byte for byte, so a small
-    send costs a decode and a validation, no re-encoding; any other is normalized and encoded.
+    A payload already in that form (what our producers send) is kept byte for byte (the very
+    object, so a view of a big request's bytes is not copied), so a send costs a decode and a
+    validation, no re-encoding; any other is normalized and encoded.
 
     Raises
     ------
@@ -299,7 +300,7 @@ def message_batch(payload: bytes) -> tuple[bytes, int]:
         raise BadBatchError(f"malformed batch ({len(payload)} bytes): {type(exc).__name__}: {exc}") from None
 
 
-def _message_batch(payload: bytes) -> tuple[bytes, int]:
+def _message_batch(payload: bytes | memoryview) -> tuple[bytes | memoryview, int]:
     table = decode(payload)
     # Decoding checks the framing only, not offsets, nulls or UTF-8 inside the data, and Arrow's
     # kernels may abort the process on invalid data: nothing touches the data before this check.
@@ -309,8 +310,8 @@ def _message_batch(payload: bytes) -> tuple[bytes, int]:
         _validate(normalized, len(payload))
     batches = normalized.to_batches()
     _check_limits(normalized)
-    if (normalized is table and isinstance(payload, bytes) and payload.startswith(MESSAGE_SCHEMA_IPC)
-            and payload.endswith(END_OF_STREAM) and len(payload) == len(MESSAGE_SCHEMA_IPC)
+    if (normalized is table and payload[:len(MESSAGE_SCHEMA_IPC)] == MESSAGE_SCHEMA_IPC
+            and payload[-len(END_OF_STREAM):] == END_OF_STREAM and len(payload) == len(MESSAGE_SCHEMA_IPC)
             + sum(map(pa.ipc.get_record_batch_size, batches)) + len(END_OF_STREAM)):
         return payload, table.num_rows
     return encode(normalized), normalized.num_rows
