@@ -95,6 +95,13 @@ class _SendConnection(asyncio.Protocol):
             self._worker.cancel()  # a send already handed to a thread completes; its answer is not sent
         self._queued.clear()
 
+    def eof_received(self) -> bool:
+        """The client sent its last request: answer what is queued, then close."""
+        self._closing = True
+        if self._worker is None:
+            self._conn.close()
+        return True  # keep the transport open until then
+
     def pause_writing(self) -> None:
         self._pause("writing")
 

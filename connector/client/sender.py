@@ -1,5 +1,8 @@
 """Pipelined sending over one ``SendStream``, keeping every queue's order through retries.
 
+The stream is a gRPC call, or the same requests and answers over the broker's send port
+(``PortStream``) when it serves one: everything below holds for either.
+
 Messages submitted for a queue wait at most ``linger_ms`` to be coalesced into one batch
 (``max_batch_messages`` / ``max_batch_bytes``); up to ``max_in_flight_per_queue`` batches of a queue
 are on the stream at once. Each batch carries the producer id and the queue's next sequence number,
@@ -54,7 +57,7 @@ from broker.wire.send_request import EncodedSend, encode_send_request
 from connector.client.connection import BrokerConnection, pb
 from connector.client.messages import SendResult
 from connector.client.send_future import SendFuture
-from connector.client.send_port import SendPortClient, SendPortFailure
+from connector.client.send_port import PortStream, SendPortClient, SendPortFailure
 from connector.client.send_results import SendResults
 
 __all__ = ["PipelinedSender"]
@@ -64,6 +67,7 @@ log = logging.getLogger(__name__)
 _STATUS_BY_VALUE = {status.value[0]: status for status in grpc.StatusCode}
 _MAX_SETTLEMENTS = 10_000  # settled outcomes kept for ``settlement`` (oldest dropped)
 _WATCH_INTERVAL_S = 0.5  # the watchdog looks at the deadlines at least this often
+_PORT_CONNECT_TIMEOUT_S = 2.0  # past it, batches go over gRPC while the send port is looked up again
 # Answers of a broker group that leave a send to be resent, same producer id and sequence, on a
 # new stream to the master: a slave refused it, or the master lost its role or its slaves before
 # the send was replicated (stored at most once when resent).
@@ -178,7 +182,7 @@ class PipelinedSender:
         self._partitions: dict[tuple[str, int], _Partition] = {}
         self._in_flight: deque[_Batch] = deque()
         self._requests: queue_mod.SimpleQueue | None = None
-        self._call: grpc.Future | None = None
+        self._call: grpc.Future | PortStream | None = None
         self._settlements: dict[tuple[str, int, int], Future] = {}
         self._outstanding = 0  # futures handed out and not yet resolved
         self._buffered = 0  # rows submitted and not yet on the stream
@@ -493,34 +497,49 @@ class PipelinedSender:
                 batch.written = True
             yield batch.request
 
-    def _open_stream(self) -> tuple[grpc.Future, queue_mod.SimpleQueue] | None:
+    def _open_stream(self) -> tuple[grpc.Future | PortStream, queue_mod.SimpleQueue] | None:
         """Wait for batches to send and open a stream carrying them in order; None once closed and done."""
         with self._cond:
             while not self._in_flight and not (self._closed and not self._outstanding):
                 self._cond.wait(0.5)
             done = not self._in_flight or (self._closed and all(b.settled is not None for b in self._in_flight))
-            if not done:
-                return self._open_locked()
-        self._abandon("the producer was closed before the broker answered")
-        return None
-
-    def _open_locked(self) -> tuple[grpc.Future, queue_mod.SimpleQueue]:
+        if done:
+            self._abandon("the producer was closed before the broker answered")
+            return None
+        port_stream = self._connect_port()  # may ask the broker and connect: not under the lock
         with self._cond:
             requests: queue_mod.SimpleQueue = queue_mod.SimpleQueue()
             for batch in self._in_flight:
                 requests.put(batch)
             self._requests = requests
-            while True:
-                stub = self._conn.stub
-                try:
-                    call = stub.SendStream(self._iterate(requests), metadata=self._conn.metadata)
-                    break
-                except ValueError:
-                    if stub is self._conn.stub:
-                        raise
-                    # another thread moved the connection to another broker and closed this channel
-            self._call = call
-            return call, requests
+            if port_stream is not None:
+                self._call = port_stream.start(self._iterate(requests))
+            else:
+                self._call = self._open_grpc_stream(requests)
+            return self._call, requests
+
+    def _connect_port(self) -> PortStream | None:
+        """A stream over the broker's send port; None (gRPC for a while) when it has none or
+        cannot be reached."""
+        port = self._send_port.address()
+        if port is None:
+            return None
+        try:
+            return PortStream(self._send_port, *port, connect_timeout=_PORT_CONNECT_TIMEOUT_S)
+        except OSError as exc:
+            log.info("send port %s:%s unreachable (%s): batches go over gRPC for a while", *port, exc)
+            self._send_port.failed()
+            return None
+
+    def _open_grpc_stream(self, requests: queue_mod.SimpleQueue) -> grpc.Future:
+        while True:
+            stub = self._conn.stub
+            try:
+                return stub.SendStream(self._iterate(requests), metadata=self._conn.metadata)
+            except ValueError:
+                if stub is self._conn.stub:
+                    raise
+                # another thread moved the connection to another broker and closed this channel
 
     def _stream_loop(self) -> None:
         delay = 0.05
@@ -540,6 +559,8 @@ class PipelinedSender:
                     self._acknowledge(response)
             except grpc.RpcError as err:
                 error = from_rpc_error(err)
+            except BrokerUnavailableError as err:  # how a stream over the send port breaks
+                error = err
             with self._cond:
                 self._requests = self._call = None
                 requests.put(None)

@@ -1,6 +1,7 @@
-"""``Producer.send`` over the broker's send port: per-key order and completeness (judged by
-``connector.history`` on what the broker stored) when synchronous sends mix with pipelined ones,
-and when the port goes away under them (a broker killed and restarted, a frozen broker)."""
+"""``Producer.send`` and the pipelined batches over the broker's send port: per-key order and
+completeness (judged by ``connector.history`` on what the broker stored) when synchronous sends mix
+with pipelined ones, and when the port goes away under them (a broker killed and restarted, a
+frozen broker)."""
 
 from __future__ import annotations
 
@@ -22,9 +23,9 @@ from connector.history import History
 from tests.faults.workload import body, stored_deliveries
 
 
-def _port_sends(broker) -> float:
+def _port_sends(broker, method: str = "SendPort") -> float:
     return broker.service.metrics.registry.get_sample_value(
-        "orderlymq_rpc_duration_seconds_count", {"method": "SendPort"}) or 0
+        "orderlymq_rpc_duration_seconds_count", {"method": method}) or 0
 
 
 def _freeze(pid: int) -> None:
@@ -124,5 +125,54 @@ def test_a_sync_send_cut_off_by_a_freeze_is_unknown_then_settled_once(tmp_path, 
             history.sent("k", 2, acked=True)
         verdict = _verdict(proc.address, topic_name, history)
         assert verdict.ok and verdict.deliveries == 3, verdict
+    finally:
+        proc.kill9()
+
+
+def _send_keyed_batches(producer: Producer, topic: str, history: History, keys: list[str], rounds: int,
+                        first: int = 0) -> None:
+    """``rounds`` batches of one message per key, each key's sequence numbers in order from ``first``."""
+    for seq in range(first, first + rounds):
+        results = producer.send_batch(topic, [{"key": key, "body": body(key, seq)} for key in keys])
+        assert len(results) == len(keys)
+        for key in keys:
+            history.sent(key, seq, acked=True)
+
+
+def test_pipelined_batches_take_the_port_and_keep_each_keys_order(broker, topic_name):
+    Admin(broker.address).create_topic(topic_name, 4)
+    history, keys = History(), [f"k{i}" for i in range(50)]
+    with Producer(broker.address, linger_ms=1) as producer:
+        futures = [producer.send_async(topic_name, body("a", seq), key="a") for seq in range(500)]
+        for seq, future in enumerate(futures):
+            assert future.result().queue_offset >= 0
+            history.sent("a", seq, acked=True)
+        _send_keyed_batches(producer, topic_name, history, keys, 40)
+    assert _port_sends(broker) > 40, "batches go over the send port"
+    assert _port_sends(broker, "SendStream") == 0, "no batch went over a gRPC stream"
+    verdict = _verdict(broker.address, topic_name, history)
+    assert verdict.ok and verdict.deliveries == 500 + 50 * 40, verdict
+
+
+def test_pipelined_batches_cut_off_by_a_restart_are_stored_once_in_order(tmp_path, topic_name):
+    """The port stream breaks with the broker while batches are on it: what it had not answered is
+    resent under the same sequences (over gRPC until the new port is learned), stored once, in order."""
+    proc = BrokerProcess(tmp_path / "data").start()
+    try:
+        Admin(proc.address).create_topic(topic_name, 4)
+        history, keys = History(), [f"k{i}" for i in range(20)]
+        with Producer(proc.address, retry_timeout=60, linger_ms=1) as producer:
+            futures = [(key, seq, producer.send_async(topic_name, body(key, seq), key=key))
+                       for seq in range(300) for key in keys]
+            while sum(future.done() for _key, _seq, future in futures) < 1000:
+                time.sleep(0.001)
+            proc.kill9()  # batches are on the stream: some stored and not answered, some never read
+            proc.start()
+            for key, seq, future in futures:
+                assert future.result(timeout=60).queue_offset >= 0
+                history.sent(key, seq, acked=True)
+            _send_keyed_batches(producer, topic_name, history, keys, 1, first=300)  # and on after the restart
+        verdict = _verdict(proc.address, topic_name, history)
+        assert verdict.ok and verdict.deliveries == 20 * 301, verdict
     finally:
         proc.kill9()
