@@ -21,6 +21,8 @@ import threading
 import time
 from collections.abc import Iterator
 
+from google.protobuf.message import DecodeError
+
 from broker.proto import orderlymq_pb2 as pb
 from broker.wire.errors import BrokerUnavailableError
 from broker.wire.frames import HELLO_SIZE, LENGTH, VERSION, hello, parse_hello
@@ -245,7 +247,7 @@ class PortStream:
                 if len(head) < LENGTH.size:
                     raise ConnectionError("the broker closed the send port connection")
                 yield pb.SendResponse.FromString(bytes(_read_exactly(self._sock, LENGTH.unpack(head)[0])))
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, DecodeError) as exc:
             if isinstance(exc, _WrongVersionError):
                 self._client.failed()
             self._break(f"reading failed: {exc}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -43,6 +44,17 @@ def test_credentials_need_both_halves_and_default_to_the_environment(monkeypatch
     assert options.security.credentials.access_key == "reader"
 
 
+def _environ_once_exec_is_done(proc: Path, timeout_s: float = 10.0) -> dict[bytes, bytes]:
+    """The process's environment. Right after its ``execve``, ``/proc/PID/environ`` reads empty: the
+    kernel has the new program's name before it has laid out the new stack with the environment."""
+    give_up = time.monotonic() + timeout_s
+    while True:
+        raw = (proc / "environ").read_bytes()
+        if raw or time.monotonic() > give_up:
+            return dict(item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+        time.sleep(0.01)
+
+
 def test_the_warden_gets_credentials_by_environment_never_on_its_command_line(pki):
     ca, _, _ = pki
     from broker.wire.credentials import Credentials
@@ -52,9 +64,8 @@ def test_the_warden_gets_credentials_by_environment_never_on_its_command_line(pk
     warden = Warden("127.0.0.1:9", "g", "client-1", security)
     try:
         proc = Path(f"/proc/{warden.pid}")
+        environ = _environ_once_exec_is_done(proc)
         assert b"reader-secret-003" not in (proc / "cmdline").read_bytes()
-        environ = dict(item.split(b"=", 1) for item in (proc / "environ").read_bytes().split(b"\0") if b"=" in item)
-        # It failed once on a busy machine with no such variable at all: say what the process was then.
         assert environ.get(b"ORDERLYMQ_SECRET_KEY") == b"reader-secret-003", (
             f"warden {warden.pid}: {len(environ)} variables, /proc stat {(proc / 'stat').read_text()[:80]!r}")
         assert environ[b"ORDERLYMQ_TLS_CA_FILE"] == ca.ca_file.encode()
