@@ -79,10 +79,10 @@ class BrokerConfig:
         HTTP port of the Prometheus endpoint ``/metrics`` on ``host``; -1 (the default) serves none,
         0 picks a free port.
     send_port : int
-        TCP port on ``host`` of the lean send protocol (``broker.send_port``): a producer's
-        synchronous sends skip gRPC's per-call cost there. 0 (the default) picks a free port, which
-        ``Health`` tells clients; -1 serves none. Never served with TLS, access control or in a
-        broker group: clients then send over gRPC.
+        TCP port on ``host`` of the lean protocol (``broker.send_port``): a producer's sends skip
+        gRPC's per-call cost there, and the Spark source's pulls its per-megabyte copies. 0 (the
+        default) picks a free port, which ``Health`` tells clients; -1 serves none. Never served
+        with TLS, access control or in a broker group: clients then use gRPC.
     workers : int
         Threads for the RPC work that may block (file writes and fsyncs, reads, offsets, locks,
         transactions). Waiting holds none: long-polling pulls and open send streams wait on the

@@ -1,5 +1,6 @@
-"""The lean send port: ``SendRequest`` frames over plain TCP (``broker.wire.frames``), on the
-broker's event loop.
+"""The lean port: ``SendRequest`` frames, or ``PullRequest`` ones (``broker.pull_port``), over plain
+TCP (``broker.wire.frames``), on the broker's event loop. A connection's hello says which it
+carries.
 
 A round trip of an empty gRPC call costs more than storing a small message, so a producer's
 synchronous one-message sends come here: a request small enough to be stored on the loop (the
@@ -24,8 +25,10 @@ from collections import deque
 import grpc
 
 from broker.config import BrokerConfig
+from broker.framed_connection import FramedConnection
 from broker.proto import orderlymq_pb2 as pb
-from broker.wire.frames import HELLO_SIZE, LENGTH, VERSION, hello, parse_hello
+from broker.pull_port import PullConnection
+from broker.wire.frames import HELLO_SIZE, LENGTH, PULLS, SENDS, VERSION, hello, parse_hello
 
 __all__ = ["SendPort", "serve_send_port", "serves_send_port"]
 
@@ -45,7 +48,7 @@ class SendPort:
     def __init__(self) -> None:
         self.server: asyncio.Server | None = None
         self.port = 0
-        self.connections: set[_SendConnection] = set()
+        self.connections: set = set()  # _Greeter, _SendConnection or PullConnection
 
     async def close(self) -> None:
         """Stop listening and end every connection (a client then resends over a new one)."""
@@ -59,88 +62,60 @@ async def serve_send_port(config: BrokerConfig, transport) -> SendPort:
     """Listen on ``config.host:config.send_port``."""
     port = SendPort()
     port.server = await asyncio.get_running_loop().create_server(
-        lambda: _SendConnection(transport, config.max_request_bytes, port.connections), config.host, config.send_port)
+        lambda: _Greeter(transport, config.max_request_bytes, port.connections), config.host, config.send_port)
     port.port = port.server.sockets[0].getsockname()[1]
     return port
 
 
-class _SendConnection(asyncio.Protocol):
-    """One client connection: frames in, answers out in the same order."""
+class _Greeter(asyncio.Protocol):
+    """A new connection until its hello: then the connection of the kind it asks for."""
 
-    def __init__(self, transport, max_frame: int, registry: set[_SendConnection]) -> None:
-        self._registry = registry
-        self._sends = transport  # broker.server._Transport: where a send runs, how a failure is answered
+    def __init__(self, transport, max_frame: int, registry: set) -> None:
+        self._transport = transport  # broker.server._Transport
         self._max_frame = max_frame
+        self._registry = registry
         self._buffer = bytearray()
-        self._greeted = False
-        self._queued: deque[tuple[pb.SendRequest | pb.SendResponse, int, float]] = deque()  # (request, size, started)
-        self._worker: asyncio.Task | None = None
-        self._paused: set[str] = set()  # why reading is paused: "queued", "writing"
         self._conn: asyncio.Transport | None = None
-        self._closing = False  # an oversized frame was refused: close once answered
-
-    # -- asyncio.Protocol ----------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.Transport) -> None:
         self._conn = transport
         self._registry.add(self)
 
     def abort(self) -> None:
-        if self._conn is not None:
-            self._conn.abort()
+        self._conn.abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._registry.discard(self)
-        if self._worker is not None:
-            self._worker.cancel()  # a send already handed to a thread completes; its answer is not sent
-        self._queued.clear()
-
-    def eof_received(self) -> bool:
-        """The client sent its last request: answer what is queued, then close."""
-        self._closing = True
-        if self._worker is None:
-            self._conn.close()
-        return True  # keep the transport open until then
-
-    def pause_writing(self) -> None:
-        self._pause("writing")
-
-    def resume_writing(self) -> None:
-        self._resume("writing")
 
     def data_received(self, data: bytes) -> None:
-        if self._closing:
+        self._buffer += data
+        if len(self._buffer) < HELLO_SIZE:
             return
-        buffer = self._buffer
-        buffer += data
-        if not self._greeted and not self._greet():
+        greeting = parse_hello(bytes(self._buffer[:HELLO_SIZE]))
+        kind = _CONNECTIONS.get(greeting[1]) if greeting is not None else None
+        if kind is None:
+            log.warning("lean port: a client that does not speak its protocol (hello %r) connected; closed",
+                        bytes(self._buffer[:HELLO_SIZE]))
+            self._conn.close()
             return
-        at, end = 0, len(buffer)
-        while end - at >= LENGTH.size:
-            (size,) = LENGTH.unpack_from(buffer, at)
-            if size > self._max_frame:
-                self._refuse_frame(size)
-                return
-            if end - at - LENGTH.size < size:
-                break
-            start = at + LENGTH.size
-            self._request(bytes(buffer[start:start + size]))
-            at = start + size
-        del buffer[:at]
+        self._conn.write(hello(VERSION, greeting[1]))  # a client asking another version closes the connection
+        connection = kind(self._transport, self._max_frame, self._registry)
+        self._registry.discard(self)
+        self._conn.set_protocol(connection)
+        connection.connection_made(self._conn)
+        if len(self._buffer) > HELLO_SIZE:  # a stream's requests, written without waiting for the hello
+            connection.data_received(bytes(self._buffer[HELLO_SIZE:]))
+
+
+class _SendConnection(FramedConnection):
+    """One client's sends: frames in, answers out in the same order."""
+
+    def __init__(self, transport, max_frame: int, registry: set) -> None:
+        super().__init__(max_frame, registry)
+        self._sends = transport  # broker.server._Transport: where a send runs, how a failure is answered
+        self._queued: deque[tuple[pb.SendRequest | pb.SendResponse, int, float]]  # (request, size, started)
 
     # -- requests ------------------------------------------------------------------------------
-
-    def _greet(self) -> bool:
-        if len(self._buffer) < HELLO_SIZE:
-            return False
-        if parse_hello(bytes(self._buffer[:HELLO_SIZE])) is None:
-            log.warning("send port: a client that does not speak the send protocol connected; closed")
-            self._conn.close()
-            return False
-        del self._buffer[:HELLO_SIZE]
-        self._conn.write(hello(VERSION))  # a client asking another version closes the connection
-        self._greeted = True
-        return True
 
     def _request(self, raw: bytes) -> None:
         self._enqueue(self._sends.parse_send(raw), len(raw), time.perf_counter())
@@ -189,24 +164,10 @@ class _SendConnection(asyncio.Protocol):
             self._conn.close()
 
     def _refuse_frame(self, size: int) -> None:
-        """Answer an oversized frame with an error, after the requests before it, then close: the
-        rest of the frame cannot be told from the next one."""
-        self._closing = True
-        self._conn.pause_reading()
         self._enqueue(pb.SendResponse(
             error_code=grpc.StatusCode.RESOURCE_EXHAUSTED.value[0], error_kind="InvalidRequestError",
             error_message=f"a send of {size} bytes is over the broker's limit of {self._max_frame} bytes "
                           "(max_request_bytes); send smaller batches"), 0, time.perf_counter())
 
-    # -- flow control --------------------------------------------------------------------------
 
-    def _pause(self, why: str) -> None:
-        if not self._paused:
-            self._conn.pause_reading()
-        self._paused.add(why)
-
-    def _resume(self, why: str) -> None:
-        if why in self._paused:
-            self._paused.discard(why)
-            if not self._paused:
-                self._conn.resume_reading()
+_CONNECTIONS = {SENDS: _SendConnection, PULLS: PullConnection}

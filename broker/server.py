@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
+import pyarrow as pa
 from google.protobuf.message import DecodeError
 
 from broker.config import BrokerConfig
@@ -44,7 +45,15 @@ from broker.security.http import ReloadingSslContext
 from broker.security.throttle import peer_host
 from broker.send_port import SendPort, serve_send_port, serves_send_port
 from broker.service import BrokerService
-from broker.wire.errors import ERROR_KIND_KEY, PermissionDeniedError, UnauthenticatedError, status_metadata, to_status
+from broker.wire.errors import (
+    ERROR_KIND_KEY,
+    InvalidRequestError,
+    PermissionDeniedError,
+    UnauthenticatedError,
+    status_metadata,
+    to_status,
+)
+from broker.wire.pull_response import encode_pull_error
 from broker.wire.send_request import SendRequestView, parse_send_request
 
 __all__ = ["BrokerService", "RunningBroker", "start_broker"]
@@ -176,29 +185,55 @@ class _Transport:
         try:
             if user is not None:
                 self.guard.authorize(user, "Pull", request)
-            answer = await self._pull(request, context)
+            answer = await self._pull(request, context.time_remaining(), joined=True)
             self.metrics.rpc_done("Pull", started)
             return answer
         except Exception as exc:  # noqa: BLE001 - every failure must become a status
             failure = exc
         await _abort(context, "Pull", failure, self.metrics, started)
 
-    async def _pull(self, request: pb.PullRequest, context: grpc.aio.ServicerContext) -> bytes:
+    async def port_pull(self, raw: bytes) -> list[bytes | pa.Buffer]:
+        """The parts of the answer to a pull on the lean port: the ``PullResponse``, or one whose
+        ``error_*`` fields name the failure (the connection stays open)."""
+        started = time.perf_counter()
+        try:
+            request = pb.PullRequest.FromString(raw)
+        except DecodeError:
+            failure: Exception = InvalidRequestError(_malformed(raw, pb.PullRequest))
+        else:
+            try:
+                answer = await self._pull(request, None, joined=False)
+                self.metrics.rpc_done("PullPort", started)
+                return answer
+            except Exception as exc:  # noqa: BLE001 - every failure must become an answer
+                failure = exc
+        code, _, _ = to_status(failure)
+        self.metrics.rpc_done("PullPort", started, code.name)
+        if code == grpc.StatusCode.INTERNAL:
+            log.error("pull on the lean port failed", exc_info=failure)
+        return [encode_pull_error(failure)]
+
+    async def _pull(self, request: pb.PullRequest, remaining: float | None, joined: bool) -> Any:
+        """The serialized answer, ``joined`` in one ``bytes`` (gRPC's) or as its parts (a socket's);
+        ``remaining``: seconds left of the caller's deadline."""
         service = self.service
 
-        def check_or_read() -> tuple[Any, float, bytes | None]:
+        def read(queue) -> bytes | list[bytes | pa.Buffer]:  # on a thread: joining copies megabytes
+            parts = service.pull_read(request, queue)
+            return b"".join(parts) if joined else parts
+
+        def check_or_read() -> tuple[Any, float, bytes | list[bytes | pa.Buffer] | None]:
             queue = service.pull_queue(request)
             wait_s = service.pull_wait_s(request, queue)
-            return queue, wait_s, None if wait_s else service.pull_read(request, queue)
+            return queue, wait_s, None if wait_s else read(queue)
 
         queue, wait_s, answer = await self.on_thread(check_or_read)
         if answer is not None:
             return answer
-        remaining = context.time_remaining()
         if remaining is not None:
             wait_s = min(wait_s, max(remaining - _DEADLINE_MARGIN_S, 0.0))
         await queue.wait_for_data_async(request.offset, wait_s)
-        return await self.on_thread(service.pull_read, request, queue)
+        return await self.on_thread(read, queue)
 
     async def send_stream(self, request_iterator, context: grpc.aio.ServicerContext):
         """Answer each request in order; a failed or malformed one gets an error response and the

@@ -208,8 +208,9 @@ class BrokerService:
             return 0.0
         return min(request.wait_ms, self.config.max_wait_ms) / 1000
 
-    def pull_read(self, request, queue: QueueLog) -> bytes:
-        """The serialized ``PullResponse`` (the broker encodes its own: megabytes, copied once)."""
+    def pull_read(self, request, queue: QueueLog) -> list[bytes | pa.Buffer]:
+        """The parts of the serialized ``PullResponse`` (the broker encodes its own: megabytes, copied
+        at most once)."""
         result = queue.read(
             request.offset,
             min(request.max_messages or self.config.max_pull_messages, self.config.max_pull_messages),

@@ -1,33 +1,37 @@
-"""The send port's framing (version 1): ``SendRequest`` / ``SendResponse`` over plain TCP.
+"""The lean port's framing (version 1): ``SendRequest`` / ``SendResponse``, or ``PullRequest`` /
+``PullResponse``, over plain TCP.
 
-A gRPC call costs about as much as storing a small message several times over, so a producer's
-synchronous one-message sends may use a lean port instead (docs/client.md). The connection opens
-with a hello each way, ``HELLO`` + version (u16) + 2 zero bytes; the broker answers with the version
-it speaks, and a client that gets another one closes the connection. Then each request is a frame,
-u32 length (little endian) + a serialized ``SendRequest``, and each answer a frame holding a
-``SendResponse``, in request order, with the failure of a request in its ``error_*`` fields like a
-``SendStream`` answer. A frame longer than the broker's limit gets an error answer and the
-connection closes.
+A gRPC call costs about as much as storing a small message several times over, and gRPC's copies
+and wake-ups cost a Spark task's pull of a megabyte batch more than the broker's reading of it, so
+producers' sends and the Spark source's pulls may use a lean port instead (docs/client.md). The
+connection opens with a hello each way, ``HELLO`` + version (u16) + what the connection carries
+(u16: ``SENDS`` or ``PULLS``); the broker answers with the version it speaks and echoes what the
+connection carries, and a client that gets another version, or another kind (a broker that only
+takes sends answers ``SENDS``), closes the connection. Then each request is a frame, u32 length
+(little endian) + a serialized request, and each answer a frame holding the response, in request
+order, with the failure of a request in its ``error_*`` fields like a ``SendStream`` answer. A
+frame longer than the broker's limit gets an error answer and the connection closes.
 """
 
 from __future__ import annotations
 
 import struct
 
-__all__ = ["HELLO", "HELLO_SIZE", "LENGTH", "VERSION", "hello"]
+__all__ = ["HELLO", "HELLO_SIZE", "LENGTH", "PULLS", "SENDS", "VERSION", "hello", "parse_hello"]
 
 HELLO = b"OMQS"
 VERSION = 1
+SENDS, PULLS = 0, 1  # what a connection carries, named in its hello
 LENGTH = struct.Struct("<I")
 _HELLO = struct.Struct("<4sHH")
 HELLO_SIZE = _HELLO.size
 
 
-def hello(version: int = VERSION) -> bytes:
-    return _HELLO.pack(HELLO, version, 0)
+def hello(version: int = VERSION, carries: int = SENDS) -> bytes:
+    return _HELLO.pack(HELLO, version, carries)
 
 
-def parse_hello(raw: bytes) -> int | None:
-    """The version a hello announces; None when ``raw`` is not a hello."""
-    magic, version, _ = _HELLO.unpack(raw)
-    return version if magic == HELLO else None
+def parse_hello(raw: bytes) -> tuple[int, int] | None:
+    """(version, what the connection carries) of a hello; None when ``raw`` is not a hello."""
+    magic, version, carries = _HELLO.unpack(raw)
+    return (version, carries) if magic == HELLO else None

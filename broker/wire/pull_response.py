@@ -5,6 +5,10 @@ serialized scalar fields, straight from the parts of each encoded batch (``broke
 On the way in, ``PullResponse.FromString`` would copy every batch into the message and reading the
 field would copy it again; ``decode_pull_response`` walks the few fields by hand and leaves each
 batch a slice of the received bytes.
+
+On the lean port (``broker.pull_port``) a failed pull is answered with a ``PullResponse`` whose
+``error_*`` fields name the failure (``encode_pull_error``); ``PullReply.raise_error`` raises it as
+the gRPC call's status would.
 """
 
 from __future__ import annotations
@@ -12,29 +16,42 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import grpc
 import pyarrow as pa
 
 from broker.proto import orderlymq_pb2 as pb
-from broker.wire.errors import InternalBrokerError
+from broker.wire.errors import DamagedRecordError, InternalBrokerError, from_status, to_status
 from broker.wire.protowire import FIXED32, FIXED64, LENGTH_DELIMITED, VARINT, field_prefix, read_varint
 
-__all__ = ["PullReply", "decode_pull_response", "encode_pull_response"]
+__all__ = ["PullReply", "decode_pull_response", "encode_pull_error", "encode_pull_response"]
 
+_FIELDS = pb.PullResponse.DESCRIPTOR.fields_by_name
 _BATCHES = pb.PullResponse.BATCHES_FIELD_NUMBER
-_SCALARS = {pb.PullResponse.DESCRIPTOR.fields_by_name[name].number: name
-            for name in ("next_offset", "min_offset", "max_offset", "count")}
-_WIRE_TYPES = {_BATCHES: LENGTH_DELIMITED, **dict.fromkeys(_SCALARS, VARINT)}
+_SCALARS = {_FIELDS[name].number: name
+            for name in ("next_offset", "min_offset", "max_offset", "count", "error_code", "error_next_offset")}
+_STRINGS = {_FIELDS[name].number: name for name in ("error_kind", "error_message")}
+_STATUS_CODES = {status.value[0]: status for status in grpc.StatusCode}
+_WIRE_TYPES = {_BATCHES: LENGTH_DELIMITED, **dict.fromkeys(_SCALARS, VARINT), **dict.fromkeys(_STRINGS, LENGTH_DELIMITED)}
 
 
 def encode_pull_response(batches: Sequence[Sequence[bytes | pa.Buffer]], *, next_offset: int, count: int,
-                         min_offset: int, max_offset: int) -> bytes:
-    """The wire bytes of ``PullResponse(batches=..., next_offset=..., ...)``, each batch given as
-    the parts that concatenate to it (``codec.encode_parts``)."""
-    parts = [pb.PullResponse(next_offset=next_offset, count=count, min_offset=min_offset,
-                             max_offset=max_offset).SerializeToString()]
+                         min_offset: int, max_offset: int) -> list[bytes | pa.Buffer]:
+    """The parts whose concatenation is the wire bytes of ``PullResponse(batches=..., next_offset=...,
+    ...)``, each batch given as the parts that concatenate to it (``codec.encode_parts``): a socket
+    writes them as they are, gRPC's answer joins them (one copy)."""
+    parts: list[bytes | pa.Buffer] = [pb.PullResponse(next_offset=next_offset, count=count, min_offset=min_offset,
+                                                      max_offset=max_offset).SerializeToString()]
     for batch in batches:
         parts += (field_prefix(_BATCHES, sum(len(p) for p in batch)), *batch)
-    return b"".join(parts)
+    return parts
+
+
+def encode_pull_error(exc: BaseException) -> bytes:
+    """The wire bytes of the ``PullResponse`` that answers a pull failed with ``exc`` on the lean port."""
+    code, message, kind = to_status(exc)
+    next_offset = exc.next_offset if isinstance(exc, DamagedRecordError) else -1
+    return pb.PullResponse(error_code=code.value[0], error_kind=kind, error_message=message,
+                           error_next_offset=next_offset).SerializeToString()
 
 
 @dataclass
@@ -46,6 +63,16 @@ class PullReply:
     min_offset: int = 0
     max_offset: int = 0
     count: int = 0
+    error_code: int = 0
+    error_kind: str = ""
+    error_message: str = ""
+    error_next_offset: int = -1
+
+    def raise_error(self) -> None:
+        """Raise the failure a lean port's answer carries, as the gRPC call's status would."""
+        if self.error_code:
+            code = _STATUS_CODES.get(self.error_code, grpc.StatusCode.UNKNOWN)
+            raise from_status(code, self.error_message, self.error_kind, self.error_next_offset)
 
 
 def decode_pull_response(raw: bytes) -> PullReply:
@@ -76,6 +103,8 @@ def _parse(raw: bytes) -> PullReply:
                 raise ValueError(f"field {number} of {size} bytes runs past the end at byte {position}")
             if number == _BATCHES:
                 reply.batches.append(data.slice(position, size))
+            elif number in _STRINGS:
+                setattr(reply, _STRINGS[number], bytes(raw[position:position + size]).decode())
             position += size
         elif wire_type in (FIXED64, FIXED32):
             position += 8 if wire_type == FIXED64 else 4

@@ -25,9 +25,10 @@ from google.protobuf.message import DecodeError
 
 from broker.proto import orderlymq_pb2 as pb
 from broker.wire.errors import BrokerUnavailableError
-from broker.wire.frames import HELLO_SIZE, LENGTH, VERSION, hello, parse_hello
+from broker.wire.frames import LENGTH
 from broker.wire.send_request import EncodedSend, serialize_send
 from connector.client.connection import BrokerConnection
+from connector.client.lean_port import WrongVersionError, check_hello, open_lean, read_exactly
 
 __all__ = ["PortStream", "SendPortClient", "SendPortFailure"]
 
@@ -45,47 +46,14 @@ class SendPortFailure(Exception):
         self.written = written
 
 
-def _open(host: str, port: int, timeout: float) -> socket.socket:
-    """A connection to the send port, our hello sent."""
-    sock = socket.create_connection((host, port), timeout=timeout)
-    try:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.sendall(hello())
-    except BaseException:
-        sock.close()
-        raise
-    return sock
-
-
-def _check_hello(sock: socket.socket) -> None:
-    version = parse_hello(bytes(_read_exactly(sock, HELLO_SIZE)))
-    if version != VERSION:
-        raise _WrongVersionError(f"the broker's send port speaks version {version}, not {VERSION}")
-
-
-class _WrongVersionError(OSError):
-    pass
-
-
-def _read_exactly(sock: socket.socket, size: int) -> bytearray:
-    data = bytearray(size)
-    view, got = memoryview(data), 0
-    while got < size:
-        read = sock.recv_into(view[got:])
-        if not read:
-            raise ConnectionError("the broker closed the send port connection")
-        got += read
-    return data
-
-
 class _Link:
     """One connection; answers come in request order."""
 
     def __init__(self, host: str, port: int, timeout: float) -> None:
-        self.sock = _open(host, port, timeout)
+        self.sock = open_lean(host, port, timeout)
         self.timeout = timeout
         try:
-            _check_hello(self.sock)
+            check_hello(self.sock)
         except BaseException:
             self.sock.close()
             raise
@@ -96,7 +64,7 @@ class _Link:
         while len(data) < size:
             chunk = self.sock.recv(65536)
             if not chunk:
-                raise ConnectionError("the broker closed the send port connection")
+                raise ConnectionError("the broker closed the lean port connection")
             data += chunk
         return data
 
@@ -214,7 +182,7 @@ class PortStream:
     def __init__(self, client: SendPortClient, host: str, port: int, connect_timeout: float) -> None:
         self._client = client
         self._where = f"{host}:{port}"
-        self._sock = _open(host, port, connect_timeout)
+        self._sock = open_lean(host, port, connect_timeout)
         self._sock.settimeout(None)  # waits end by cancel(): the sender's watchdog owns the timeouts
         self._broken: str | None = None
         self._requests_ended = False
@@ -239,16 +207,16 @@ class PortStream:
 
     def __iter__(self) -> Iterator[pb.SendResponse]:
         try:
-            _check_hello(self._sock)
+            check_hello(self._sock)
             while True:
                 head = self._sock.recv(LENGTH.size, socket.MSG_WAITALL)
                 if not head and self._requests_ended and self._broken is None:
                     return  # every request answered after the last one was written, as a gRPC stream ends
                 if len(head) < LENGTH.size:
-                    raise ConnectionError("the broker closed the send port connection")
-                yield pb.SendResponse.FromString(bytes(_read_exactly(self._sock, LENGTH.unpack(head)[0])))
+                    raise ConnectionError("the broker closed the lean port connection")
+                yield pb.SendResponse.FromString(bytes(read_exactly(self._sock, LENGTH.unpack(head)[0])))
         except (OSError, ValueError, DecodeError) as exc:
-            if isinstance(exc, _WrongVersionError):
+            if isinstance(exc, WrongVersionError):
                 self._client.failed()
             self._break(f"reading failed: {exc}")
             raise BrokerUnavailableError(f"send port stream to {self._where}: {self._broken}") from None

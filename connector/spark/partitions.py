@@ -9,6 +9,8 @@ offsets show that nobody else consumed it (``connector.spark.group_offsets``); o
 batch fails with a ``FencedError`` naming the other client. In a cluster a partition names the
 broker group holding its queue and the group's brokers, which the task asks directly: a failover
 of that group is the same case (the new master refuses the old epoch until the driver locks again).
+On a single broker that serves its lean port, a task pulls over it (``connector.client.pull_port``):
+the same requests and answers, without gRPC's per-megabyte copies and wake-ups.
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ from pyspark.sql.datasource import InputPartition
 
 from broker.wire import codec
 from broker.wire.errors import BrokerUnavailableError, DamagedRecordError, FencedError, OffsetOutOfRangeError
+from broker.wire.pull_response import PullReply
 from connector.client.connection import BrokerConnection, pb
+from connector.client.pull_port import PullLink, PullPortFailure, open_pull_link
 from connector.spark.group_offsets import check_not_consumed
 from connector.spark.locks import describe_holder
 from connector.spark.options import SourceOptions
@@ -67,39 +71,68 @@ class QueuePartition(InputPartition):
 def read_partition(options: SourceOptions, partition: QueuePartition, target: pa.Schema) -> Iterator[pa.RecordBatch]:
     """The messages of ``partition`` in queue order as record batches of ``target``."""
     conn = options.connect_direct(partition.addresses)
+    link = None if partition.addresses else open_pull_link(conn)  # a broker group serves no lean port
     try:
         with ThreadPoolExecutor(1, thread_name_prefix="orderlymq-prefetch") as prefetch:
-            yield from _pull_range(conn, options, partition, target, prefetch)
+            yield from _pull_range(conn, options, partition, target, _Puller(conn, link, prefetch))
     finally:
+        if link is not None:
+            link.close()
         conn.close()
 
 
-class _Prefetched:
-    """At most one pull issued ahead: while Spark takes a batch, the next one crosses the network."""
+class _Puller:
+    """The pulls of one partition, over the broker's lean port when it serves one (``link``), else
+    over gRPC; at most one issued ahead, so that while Spark takes a batch the next one crosses
+    the network. A failing link is dropped and the pull made over gRPC (pulls are safe to repeat),
+    within what is left of the poll timeout: a frozen broker fails the read after it, as on gRPC."""
 
-    def __init__(self, conn: BrokerConnection, pool: ThreadPoolExecutor) -> None:
-        self._conn, self._pool = conn, pool
-        self._ahead: tuple[pb.PullRequest, Future] | None = None
+    def __init__(self, conn: BrokerConnection, link: PullLink | None, pool: ThreadPoolExecutor) -> None:
+        self._conn, self._link, self._pool = conn, link, pool
+        self._ahead: tuple[pb.PullRequest, Future | None] | None = None  # no future: issued on the link
 
     def issue(self, request: pb.PullRequest) -> None:
+        if self._link is not None:
+            try:
+                self._link.issue(request)
+                self._ahead = (request, None)
+                return
+            except PullPortFailure as exc:
+                self._drop_link(exc)
         self._ahead = (request, self._pool.submit(self._conn.call, "Pull", request))
 
-    def pull(self, request: pb.PullRequest) -> pb.PullResponse:
-        """The answer to ``request``: the one issued ahead when it asked the same, else a new call."""
+    def pull(self, request: pb.PullRequest) -> PullReply:
+        """The answer to ``request``: the one issued ahead when it asked the same, else a new pull."""
         ahead, self._ahead = self._ahead, None
-        if ahead is not None and ahead[0] == request:
-            return ahead[1].result()
+        started = time.monotonic()
+        try:
+            if ahead is not None and ahead[1] is not None and ahead[0] == request:
+                return ahead[1].result()
+            if self._link is not None:
+                if ahead is not None and ahead[1] is None:
+                    if ahead[0] == request:
+                        return self._link.receive()
+                    self._link.skip()
+                self._link.issue(request)
+                return self._link.receive()
+        except PullPortFailure as exc:
+            self._drop_link(exc)
+            return self._conn.call("Pull", request, deadline=started + self._conn.retry_timeout)
         return self._conn.call("Pull", request)
+
+    def _drop_link(self, failure: PullPortFailure) -> None:
+        log.warning("pulling over the broker's lean port failed (%s); pulling over gRPC", failure)
+        self._link.close()
+        self._link = None
 
 
 def _pull_range(
-    conn: BrokerConnection, options: SourceOptions, part: QueuePartition, target: pa.Schema, pool: ThreadPoolExecutor
+    conn: BrokerConnection, options: SourceOptions, part: QueuePartition, target: pa.Schema, puller: _Puller
 ) -> Iterator[pa.RecordBatch]:
     group, client_id, epoch = "", "", 0
     if part.client_id is not None:
         group, client_id, epoch = options.consumer_group or "", part.client_id, part.epoch
     tags = "" if options.tags == "*" else options.tags
-    prefetched = _Prefetched(conn, pool)
 
     def request_at(position: int) -> pb.PullRequest:
         return pb.PullRequest(topic=part.topic, queue_id=part.queue_id, offset=position,
@@ -110,7 +143,7 @@ def _pull_range(
     stalled_since: float | None = None
     while offset < part.end:
         try:
-            response = prefetched.pull(request_at(offset))
+            response = puller.pull(request_at(offset))
         except OffsetOutOfRangeError:
             offset = _skip_lost(conn, options, part, offset)
             continue
@@ -128,7 +161,7 @@ def _pull_range(
                 "option pollTimeoutMs to ride out longer stalls"
             ) from None
         if offset < response.next_offset < part.end:
-            prefetched.issue(request_at(response.next_offset))
+            puller.issue(request_at(response.next_offset))
         table = codec.decode_many(response.batches)
         if table.num_rows:
             offsets = table.column("queue_offset")

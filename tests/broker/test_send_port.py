@@ -11,7 +11,7 @@ from broker.config import BrokerConfig
 from broker.proto import orderlymq_pb2 as pb
 from broker.send_port import serves_send_port
 from broker.wire import codec
-from broker.wire.frames import HELLO_SIZE, LENGTH, VERSION, hello, parse_hello
+from broker.wire.frames import HELLO_SIZE, LENGTH, PULLS, SENDS, VERSION, hello, parse_hello
 from broker.wire.one_message import encode_one
 from connector.client.connection import BrokerConnection
 from connector.history import History
@@ -19,12 +19,12 @@ from tests.faults.workload import body, stored_deliveries
 
 
 class Raw:
-    """A hand-driven send port connection."""
+    """A hand-driven lean port connection (sends unless ``carries`` says otherwise)."""
 
-    def __init__(self, address: str, port: int, version: int = VERSION) -> None:
+    def __init__(self, address: str, port: int, version: int = VERSION, carries: int = SENDS) -> None:
         self.sock = socket.create_connection((address.rpartition(":")[0], port), timeout=10)
-        self.sock.sendall(hello(version))
-        self.version = parse_hello(self.read(HELLO_SIZE))
+        self.sock.sendall(hello(version, carries))
+        self.version, self.carries = parse_hello(self.read(HELLO_SIZE))
 
     def read(self, n: int) -> bytes:
         data = b""
@@ -38,9 +38,12 @@ class Raw:
     def write(self, payload: bytes) -> None:
         self.sock.sendall(LENGTH.pack(len(payload)) + payload)
 
-    def answer(self) -> pb.SendResponse:
+    def frame(self) -> bytes:
         (size,) = LENGTH.unpack(self.read(LENGTH.size))
-        return pb.SendResponse.FromString(self.read(size))
+        return self.read(size)
+
+    def answer(self) -> pb.SendResponse:
+        return pb.SendResponse.FromString(self.frame())
 
     def close(self) -> None:
         self.sock.close()
@@ -128,6 +131,13 @@ def test_an_oversized_frame_is_refused_then_the_connection_closes(broker_factory
 def test_a_client_that_does_not_speak_the_protocol_is_closed(broker):
     sock = socket.create_connection(("127.0.0.1", _send_port(broker.address)), timeout=10)
     sock.sendall(b"GET / HTTP/1.1\r\n\r\n")
+    assert sock.recv(100) == b""
+    sock.close()
+
+
+def test_a_connection_of_an_unknown_kind_is_closed(broker):
+    sock = socket.create_connection(("127.0.0.1", _send_port(broker.address)), timeout=10)
+    sock.sendall(hello(VERSION, PULLS + 5))
     assert sock.recv(100) == b""
     sock.close()
 

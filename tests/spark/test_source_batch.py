@@ -37,6 +37,48 @@ def test_batch_read_whole_topic_in_queue_order(ospark, broker, conn, topic_name)
     assert "properties" not in lean.columns and lean.count() == len(events) + 1
 
 
+def _pulls(broker, method: str) -> float:
+    return broker.service.metrics.registry.get_sample_value(
+        "orderlymq_rpc_duration_seconds_count", {"method": method}) or 0
+
+
+@pytest.mark.parametrize("lean_port", [True, False])
+def test_tasks_pull_over_the_lean_port_when_served_else_grpc(ospark, broker_factory, topic_name, lean_port):
+    from connector.client.connection import BrokerConnection
+
+    broker = broker_factory(max_pull_messages=7, send_port=0 if lean_port else -1)  # many pulls per queue
+    with BrokerConnection(broker.address) as conn:
+        create_topic(conn, topic_name, 3)
+        events = keyed_events(6, 40)
+        produce(conn, topic_name, 3, events)
+    assert_delivered(events, row_events(read(ospark, broker.address, topic_name).collect()))
+    used, unused = ("PullPort", "Pull") if lean_port else ("Pull", "PullPort")
+    assert _pulls(broker, used) >= len(events) / 7 and _pulls(broker, unused) == 0
+
+
+def test_a_task_whose_lean_port_closes_pulls_on_over_grpc(broker_factory, topic_name):
+    from connector.client.connection import BrokerConnection
+    from connector.spark.options import SourceOptions
+    from connector.spark.partitions import QueuePartition, read_partition
+    from connector.spark.schema import arrow_schema, source_schema
+
+    broker = broker_factory(max_pull_messages=10)
+    with BrokerConnection(broker.address) as conn:
+        create_topic(conn, topic_name, 1)
+        events = keyed_events(3, 50)
+        produce(conn, topic_name, 1, events)
+    options = SourceOptions.from_options({"brokers": broker.address, "topic": topic_name}, streaming=False)
+    partition = QueuePartition(topic=topic_name, broker="broker-a", queue_id=0, start=0, end=len(events))
+    rows = []
+    for batch in read_partition(options, partition, arrow_schema(source_schema())):
+        rows += batch.to_pylist()
+        if len(rows) == 10:  # one pull answered, the next issued ahead on the port
+            broker._loop.call(broker.send_port.close())
+    assert_delivered(events, row_events(rows))
+    assert [row["queue_offset"] for row in rows] == list(range(len(events)))
+    assert _pulls(broker, "PullPort") >= 1 and _pulls(broker, "Pull") >= len(events) / 10 - 2
+
+
 def test_batch_read_offset_ranges_and_tags(ospark, broker, conn, topic_name):
     create_topic(conn, topic_name, 1)
     events = keyed_events(1, 10)
