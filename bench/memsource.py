@@ -2,7 +2,8 @@
 
 ``benchmem``: a streaming source that yields prebuilt Arrow batches of exactly the ``orderlymq``
 source's schema and batch sizes. Options: ``partitions`` (like queues), ``rows`` (per partition),
-``batchRows``, ``bodyBytes``.
+``batchRows``, ``bodyBytes``; ``advancing`` ("true"): every trigger finds new rows, for a query
+that runs micro-batches back to back (the floor of Spark's own micro-batch).
 
 ``benchdiscard``: a streaming sink whose Python Arrow writer (the ``orderlymq`` sink's base class)
 takes every batch and drops it, so the sink is measured against the same JVM -> Python path
@@ -56,12 +57,13 @@ class MemStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.rows = int(options.get("rows", "100000"))
         self.batch_rows = int(options.get("batchRows", "10000"))
         self.body_bytes = int(options.get("bodyBytes", "100"))
+        self.advancing = options.get("advancing", "false") == "true"
 
     def initialOffset(self) -> dict:
         return {"done": 0}
 
     def latestOffset(self, start: dict, limit) -> dict:
-        return {"done": 1}
+        return {"done": start["done"] + 1 if self.advancing else 1}
 
     def prepareForTriggerAvailableNow(self) -> None:
         pass

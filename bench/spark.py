@@ -144,6 +144,20 @@ def _phases(progress: list[dict]) -> dict[str, float]:
     return {name: percentile([d.get(name, 0) for d in busy], 50) for name in names}
 
 
+def micro_batch_floor(spark, workdir: Path, seconds: float = 10.0) -> dict[str, float]:
+    """Spark's own micro-batch, with nothing of ours in it: ``benchmem`` yielding one row per
+    micro-batch into ``benchdiscard``, back to back (processingTime 0), as the latency query runs.
+    Median ``durationMs`` of each phase (ms), the first fifth (warm-up) left out."""
+    df = (spark.readStream.format("benchmem").option("partitions", "1").option("rows", "1")
+          .option("batchRows", "1").option("advancing", "true").load().select("key", "body"))
+    query = (df.writeStream.format("benchdiscard").option("checkpointLocation", str(workdir / f"ck-{uuid.uuid4().hex}"))
+             .trigger(processingTime="0 seconds").start())
+    time.sleep(seconds)
+    progress = query.recentProgress
+    query.stop()
+    return _phases(progress[len(progress) // 5:])
+
+
 def control_cost_ms(address: str, repeats: int = 30) -> dict[str, float]:
     """Broker round trips one micro-batch makes besides data: lock renewal of every queue, an
     offset commit per queue, and a transaction begin + commit per sink task."""
@@ -212,6 +226,12 @@ def run(workdir: Path, quick: bool) -> list[Row]:
                   ", ".join(f"{name} {ms:.0f}" for name, ms in phases.items()))
             out.append(Row("end-to-end latency p99 (produce -> sink output)", p99, "ms", goal="<= 500 ms",
                            message_bytes=BODY_BYTES, queues=1))
+            floor = micro_batch_floor(spark, workdir, 8 if quick else 10)
+            out.append(Row("Spark's own micro-batch: benchmem (1 row) -> Python discard writer, back to back",
+                           floor.get("triggerExecution", 0), "ms", message_bytes=BODY_BYTES, queues=1,
+                           extra={"micro-batch phases, median ms": floor}))
+            print("Spark's own micro-batch, phases (median ms):",
+                  ", ".join(f"{name} {ms:.0f}" for name, ms in floor.items()))
             for name, ms in control_cost_ms(broker.address).items():
                 out.append(Row(f"per micro-batch: {name} ({QUEUES} queues)", ms, "ms", queues=QUEUES))
         finally:
