@@ -11,6 +11,8 @@ the reader then pulls over gRPC (a pull is safe to repeat).
 
 from __future__ import annotations
 
+import socket
+
 from broker.proto import orderlymq_pb2 as pb
 from broker.wire.errors import InternalBrokerError
 from broker.wire.frames import LENGTH, PULLS
@@ -81,6 +83,20 @@ class PullLink:
             return read_exactly(self._sock, size)
         except OSError as exc:
             raise PullPortFailure(f"reading a pull's answer failed: {exc}") from None
+
+    def idle_and_open(self) -> bool:
+        """Whether the broker still holds this idle link open: a broker that stopped has closed it."""
+        timeout = self._sock.gettimeout()
+        self._sock.settimeout(0)  # a peek, never a wait
+        try:
+            self._sock.recv(1, socket.MSG_PEEK)
+        except BlockingIOError:
+            return True  # nothing to read: open, and no answer pending
+        except OSError:
+            return False
+        finally:
+            self._sock.settimeout(timeout)
+        return False  # closed, or bytes no pull asked for
 
     def close(self) -> None:
         self._sock.close()

@@ -1,4 +1,5 @@
-"""Broker connections kept for the life of a Spark Python process.
+"""Broker connections, and pull connections to a broker's lean port, kept for the life of a Spark
+Python process.
 
 Spark runs the driver-side work of a streaming sink (planning the write, ``commit(messages,
 batchId)``, the hand-over of the source group's offsets) in Python workers that it keeps and
@@ -7,6 +8,12 @@ channel, and a routed one read again the route of every topic it touched, each m
 kept per process pays that once. Its routes stay cached for their TTL and are read again when a
 broker group answers that one is stale (``RoutedConnection``); its channels reconnect by
 themselves after a broker restart.
+
+The source's tasks likewise read through one connection per broker (group) and process, and hand
+their pull connection back when a read ends cleanly (``lease_pull_link``, ``give_back_pull_link``):
+a query running five micro-batches a second over eight queues would otherwise open and close
+eighty connections a second. A kept pull connection whose broker stopped is found closed when it
+is leased, and replaced.
 
 Never closed by their users: they live as long as the process (a worker Spark stops takes them
 along). Keyed by the process id too, so a forked child never uses its parent's channels.
@@ -17,12 +24,17 @@ from __future__ import annotations
 import os
 import threading
 
+from connector.client.connection import BrokerConnection
+from connector.client.pull_port import PullLink, open_pull_link
 from connector.client.routed import RoutedConnection
 from connector.spark.security import ConnectionSecurity
 
-__all__ = ["shared_connection"]
+__all__ = ["give_back_pull_link", "lease_pull_link", "shared_connection", "shared_direct_connection"]
 
-_connections: dict[tuple, RoutedConnection] = {}
+_MAX_IDLE_LINKS = 4  # per broker: a process runs one task at a time, one link each
+
+_connections: dict[tuple, RoutedConnection | BrokerConnection] = {}
+_idle_links: dict[tuple[int, str, float], list[PullLink]] = {}
 _lock = threading.Lock()
 
 
@@ -30,11 +42,48 @@ def shared_connection(brokers: str, security: ConnectionSecurity, *, timeout: fl
     """This process's connection to ``brokers`` with ``security``; ``timeout`` bounds each call
     and its retries while a broker is down (as ``RoutedConnection``'s ``timeout`` and
     ``retry_timeout``)."""
-    key = (os.getpid(), brokers, security, timeout)
+    return _shared(RoutedConnection, brokers, security, timeout)
+
+
+def shared_direct_connection(addresses: str, security: ConnectionSecurity, *, timeout: float) -> BrokerConnection:
+    """This process's plain connection to ``addresses`` (a broker, or a broker group that it follows
+    to its master by itself); ``timeout`` bounds each call and its retries."""
+    return _shared(BrokerConnection, addresses, security, timeout)
+
+
+def _shared(kind: type, addresses: str, security: ConnectionSecurity, timeout: float):
+    key = (os.getpid(), kind, addresses, security, timeout)
     with _lock:
         conn = _connections.get(key)
         if conn is None:
-            conn = _connections[key] = RoutedConnection(
-                brokers, timeout=timeout, retry_timeout=timeout, **security.connect_kwargs()
-            )
+            conn = _connections[key] = kind(addresses, timeout=timeout, retry_timeout=timeout,
+                                            **security.connect_kwargs())
         return conn
+
+
+def lease_pull_link(conn: BrokerConnection) -> PullLink | None:
+    """A pull connection to the lean port of ``conn``'s broker: one handed back earlier, else a new
+    one; None when the broker serves no lean port (then pulls go over gRPC)."""
+    while True:
+        with _lock:
+            idle = _idle_links.get(_link_key(conn))
+            link = idle.pop() if idle else None
+        if link is None:
+            return open_pull_link(conn)
+        if link.idle_and_open():
+            return link
+        link.close()  # its broker stopped or restarted
+
+
+def _link_key(conn: BrokerConnection) -> tuple[int, str, float]:
+    return os.getpid(), conn.address, conn.timeout
+
+
+def give_back_pull_link(conn: BrokerConnection, link: PullLink) -> None:
+    """Keep ``link`` for the next read of ``conn``'s broker in this process (no answer left unread)."""
+    with _lock:
+        idle = _idle_links.setdefault(_link_key(conn), [])
+        if len(idle) < _MAX_IDLE_LINKS:
+            idle.append(link)
+            return
+    link.close()

@@ -18,6 +18,7 @@ from typing import Any
 from broker.wire.errors import InvalidOptionError
 from connector.client.connection import BrokerConnection, parse_brokers
 from connector.client.routed import RoutedConnection
+from connector.spark.connections import shared_direct_connection
 from connector.spark.security import SECURITY_OPTIONS, ConnectionSecurity
 
 __all__ = [
@@ -254,11 +255,11 @@ class SourceOptions:
         return RoutedConnection(self.brokers, timeout=seconds, retry_timeout=seconds, **self.security.connect_kwargs())
 
     def connect_direct(self, addresses: Sequence[str] = ()) -> BrokerConnection:
-        """A plain connection to ``addresses`` (a broker group, which it follows to its master by
-        itself), or to ``brokers`` (a single broker); calls last up to ``pollTimeoutMs``."""
-        seconds = self.poll_timeout_ms / 1000
-        return BrokerConnection(",".join(addresses) or self.brokers, timeout=seconds, retry_timeout=seconds,
-                                **self.security.connect_kwargs())
+        """This process's plain connection to ``addresses`` (a broker group, which it follows to its
+        master by itself), or to ``brokers`` (a single broker); calls last up to ``pollTimeoutMs``.
+        Shared by the process's tasks (``connector.spark.connections``): never closed by its users."""
+        return shared_direct_connection(",".join(addresses) or self.brokers, self.security,
+                                        timeout=self.poll_timeout_ms / 1000)
 
     @classmethod
     def from_options(cls, mapping: Mapping[str, Any], *, streaming: bool = True) -> SourceOptions:

@@ -29,7 +29,8 @@ from broker.wire import codec
 from broker.wire.errors import BrokerUnavailableError, DamagedRecordError, FencedError, OffsetOutOfRangeError
 from broker.wire.pull_response import PullReply
 from connector.client.connection import BrokerConnection, pb
-from connector.client.pull_port import PullLink, PullPortFailure, open_pull_link
+from connector.client.pull_port import PullLink, PullPortFailure
+from connector.spark.connections import give_back_pull_link, lease_pull_link
 from connector.spark.group_offsets import check_not_consumed
 from connector.spark.locks import describe_holder
 from connector.spark.options import SourceOptions
@@ -71,14 +72,13 @@ class QueuePartition(InputPartition):
 def read_partition(options: SourceOptions, partition: QueuePartition, target: pa.Schema) -> Iterator[pa.RecordBatch]:
     """The messages of ``partition`` in queue order as record batches of ``target``."""
     conn = options.connect_direct(partition.addresses)
-    link = None if partition.addresses else open_pull_link(conn)  # a broker group serves no lean port
-    try:
-        with ThreadPoolExecutor(1, thread_name_prefix="orderlymq-prefetch") as prefetch:
-            yield from _pull_range(conn, options, partition, target, _Puller(conn, link, prefetch))
-    finally:
-        if link is not None:
-            link.close()
-        conn.close()
+    link = None if partition.addresses else lease_pull_link(conn)  # a broker group serves no lean port
+    with ThreadPoolExecutor(1, thread_name_prefix="orderlymq-prefetch") as prefetch:
+        puller = _Puller(conn, link, prefetch)
+        try:
+            yield from _pull_range(conn, options, partition, target, puller)
+        finally:
+            puller.release()
 
 
 class _Puller:
@@ -119,6 +119,16 @@ class _Puller:
             self._drop_link(exc)
             return self._conn.call("Pull", request, deadline=started + self._conn.retry_timeout)
         return self._conn.call("Pull", request)
+
+    def release(self) -> None:
+        """Hand the link back for the process's next read, unless an answer is left unread on it."""
+        if self._link is None:
+            return
+        if self._ahead is None:
+            give_back_pull_link(self._conn, self._link)
+        else:
+            self._link.close()
+        self._link = None
 
     def _drop_link(self, failure: PullPortFailure) -> None:
         log.warning("pulling over the broker's lean port failed (%s); pulling over gRPC", failure)

@@ -79,6 +79,34 @@ def test_a_task_whose_lean_port_closes_pulls_on_over_grpc(broker_factory, topic_
     assert _pulls(broker, "PullPort") >= 1 and _pulls(broker, "Pull") >= len(events) / 10 - 2
 
 
+def test_reads_of_a_process_share_one_lean_connection_and_skip_a_closed_one(broker_factory, topic_name, caplog):
+    from connector.client.connection import BrokerConnection
+    from connector.spark.options import SourceOptions
+    from connector.spark.partitions import QueuePartition, read_partition
+    from connector.spark.schema import arrow_schema, source_schema
+
+    broker = broker_factory()
+    with BrokerConnection(broker.address) as conn:
+        create_topic(conn, topic_name, 1)
+        events = keyed_events(3, 20)
+        produce(conn, topic_name, 1, events)
+    options = SourceOptions.from_options({"brokers": broker.address, "topic": topic_name}, streaming=False)
+
+    def read_all() -> list[dict]:
+        partition = QueuePartition(topic=topic_name, broker="broker-a", queue_id=0, start=0, end=len(events))
+        return [row for batch in read_partition(options, partition, arrow_schema(source_schema()))
+                for row in batch.to_pylist()]
+
+    for _ in range(3):
+        assert_delivered(events, row_events(read_all()))
+    assert len(broker.send_port.connections) == 1, "one pull connection, handed from read to read"
+    assert _pulls(broker, "PullPort") == 3
+    broker._loop.call(broker.send_port.close())  # the kept connection is closed under it
+    assert_delivered(events, row_events(read_all()))
+    assert _pulls(broker, "Pull") == 1, "the closed connection was left, the read went to gRPC"
+    assert "lean port failed" not in caplog.text
+
+
 def test_batch_read_offset_ranges_and_tags(ospark, broker, conn, topic_name):
     create_topic(conn, topic_name, 1)
     events = keyed_events(1, 10)
