@@ -81,12 +81,19 @@ def _malformed(raw: bytes, request_type) -> str:
 async def _abort(context: grpc.aio.ServicerContext, method: str, exc: BaseException, metrics: BrokerMetrics,
                  started: float) -> None:
     """End the call with the status of ``exc`` and its trailing metadata (error kind, offsets)."""
+    code, message = _record_failure(method, exc, metrics, started)
+    context.set_trailing_metadata(status_metadata(exc))
+    await context.abort(code, message)
+
+
+def _record_failure(method: str, exc: BaseException, metrics: BrokerMetrics,
+                    started: float) -> tuple[grpc.StatusCode, str]:
+    """Count the failed call and log an internal error; its status code and message."""
     code, message, _ = to_status(exc)
     metrics.rpc_done(method, started, code.name)
     if code == grpc.StatusCode.INTERNAL:
         log.error("%s failed", method, exc_info=exc)
-    context.set_trailing_metadata(status_metadata(exc))
-    await context.abort(code, message)
+    return code, message
 
 
 async def _abort_malformed(context: grpc.aio.ServicerContext, raw: bytes, request_type) -> None:
@@ -207,10 +214,7 @@ class _Transport:
                 return answer
             except Exception as exc:  # noqa: BLE001 - every failure must become an answer
                 failure = exc
-        code, _, _ = to_status(failure)
-        self.metrics.rpc_done("PullPort", started, code.name)
-        if code == grpc.StatusCode.INTERNAL:
-            log.error("pull on the lean port failed", exc_info=failure)
+        _record_failure("PullPort", failure, self.metrics, started)
         return [encode_pull_error(failure)]
 
     async def _pull(self, request: pb.PullRequest, remaining: float | None, joined: bool) -> Any:

@@ -73,6 +73,7 @@ __all__ = [
     "UnauthenticatedError",
     "WrongGroupError",
     "error_class_for_kind",
+    "from_answer",
     "from_rpc_error",
     "from_status",
     "status_metadata",
@@ -336,6 +337,15 @@ def from_status(code: grpc.StatusCode, message: str, kind: str = "", next_offset
     if issubclass(cls, NotMasterError):
         return cls(message, master)
     return cls(message)
+
+
+_STATUS_BY_VALUE = {status.value[0]: status for status in grpc.StatusCode}
+
+
+def from_answer(code: int, message: str, kind: str = "", next_offset: int = -1) -> OrderlyMQError:
+    """The error an answer's ``error_*`` fields carry (a ``SendStream`` or lean port answer), as the
+    status of a failed call would raise it; ``code`` is the ``grpc.StatusCode`` value."""
+    return from_status(_STATUS_BY_VALUE.get(code, grpc.StatusCode.UNKNOWN), message, kind, next_offset)
 
 
 def from_rpc_error(err: grpc.RpcError) -> OrderlyMQError:

@@ -16,11 +16,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import grpc
 import pyarrow as pa
 
 from broker.proto import orderlymq_pb2 as pb
-from broker.wire.errors import DamagedRecordError, InternalBrokerError, from_status, to_status
+from broker.wire.errors import DamagedRecordError, InternalBrokerError, from_answer, to_status
 from broker.wire.protowire import FIXED32, FIXED64, LENGTH_DELIMITED, VARINT, field_prefix, read_varint
 
 __all__ = ["PullReply", "decode_pull_response", "encode_pull_error", "encode_pull_response"]
@@ -30,7 +29,6 @@ _BATCHES = pb.PullResponse.BATCHES_FIELD_NUMBER
 _SCALARS = {_FIELDS[name].number: name
             for name in ("next_offset", "min_offset", "max_offset", "count", "error_code", "error_next_offset")}
 _STRINGS = {_FIELDS[name].number: name for name in ("error_kind", "error_message")}
-_STATUS_CODES = {status.value[0]: status for status in grpc.StatusCode}
 _WIRE_TYPES = {_BATCHES: LENGTH_DELIMITED, **dict.fromkeys(_SCALARS, VARINT), **dict.fromkeys(_STRINGS, LENGTH_DELIMITED)}
 
 
@@ -71,8 +69,7 @@ class PullReply:
     def raise_error(self) -> None:
         """Raise the failure a lean port's answer carries, as the gRPC call's status would."""
         if self.error_code:
-            code = _STATUS_CODES.get(self.error_code, grpc.StatusCode.UNKNOWN)
-            raise from_status(code, self.error_message, self.error_kind, self.error_next_offset)
+            raise from_answer(self.error_code, self.error_message, self.error_kind, self.error_next_offset)
 
 
 def decode_pull_response(raw: bytes) -> PullReply:

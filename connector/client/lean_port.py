@@ -1,13 +1,29 @@
-"""What the clients of a broker's lean port share (``broker.wire.frames``): opening a connection
-of one kind (sends or pulls) and checking the broker's hello."""
+"""What the clients of a broker's lean port share (``broker.wire.frames``): learning the port,
+opening a connection of one kind (sends or pulls) and checking the broker's hello."""
 
 from __future__ import annotations
 
 import socket
 
+from broker.proto import orderlymq_pb2 as pb
 from broker.wire.frames import HELLO_SIZE, SENDS, VERSION, hello, parse_hello
+from connector.client.connection import BrokerConnection
 
-__all__ = ["WrongVersionError", "check_hello", "open_lean", "read_exactly"]
+__all__ = ["WrongVersionError", "check_hello", "lean_port_of", "open_lean", "read_exactly"]
+
+_HEALTH_TIMEOUT_S = 2.0
+
+
+def lean_port_of(conn: BrokerConnection) -> int:
+    """The lean port of ``conn``'s current broker, as its ``Health`` tells; 0 when it serves none
+    (TLS, access control, a broker group), does not answer, or ``conn`` uses TLS (the port is
+    plaintext): gRPC serves the calls then."""
+    if conn.tls is not None:
+        return 0
+    try:
+        return conn.call("Health", pb.HealthRequest(), timeout=_HEALTH_TIMEOUT_S, retry=False).send_port
+    except Exception:  # noqa: BLE001 - any failure: gRPC serves the calls meanwhile
+        return 0
 
 
 def open_lean(host: str, port: int, timeout: float, carries: int = SENDS) -> socket.socket:

@@ -18,11 +18,9 @@ from broker.wire.errors import InternalBrokerError
 from broker.wire.frames import LENGTH, PULLS
 from broker.wire.pull_response import PullReply, decode_pull_response
 from connector.client.connection import BrokerConnection
-from connector.client.lean_port import check_hello, open_lean, read_exactly
+from connector.client.lean_port import check_hello, lean_port_of, open_lean, read_exactly
 
 __all__ = ["PullLink", "PullPortFailure", "open_pull_link"]
-
-_HEALTH_TIMEOUT_S = 2.0
 
 
 class PullPortFailure(OSError):
@@ -32,12 +30,7 @@ class PullPortFailure(OSError):
 def open_pull_link(conn: BrokerConnection) -> PullLink | None:
     """A pull connection to the lean port of ``conn``'s broker; None when it serves none (TLS,
     access control, a broker group) or cannot be reached: then pulls go over gRPC."""
-    if conn.tls is not None:
-        return None  # the lean port is plaintext: never used by a TLS client
-    try:
-        port = conn.call("Health", pb.HealthRequest(), timeout=_HEALTH_TIMEOUT_S, retry=False).send_port
-    except Exception:  # noqa: BLE001 - any failure: gRPC serves the pulls
-        return None
+    port = lean_port_of(conn)
     if not port:
         return None
     try:

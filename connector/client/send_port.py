@@ -28,12 +28,11 @@ from broker.wire.errors import BrokerUnavailableError
 from broker.wire.frames import LENGTH
 from broker.wire.send_request import EncodedSend, serialize_send
 from connector.client.connection import BrokerConnection
-from connector.client.lean_port import WrongVersionError, check_hello, open_lean, read_exactly
+from connector.client.lean_port import WrongVersionError, check_hello, lean_port_of, open_lean, read_exactly
 
 __all__ = ["PortStream", "SendPortClient", "SendPortFailure"]
 
 _RETRY_AFTER_S = 5.0  # a missing or failing send port is looked up again after this long
-_HEALTH_TIMEOUT_S = 2.0
 _MAX_IDLE = 8  # connections kept for reuse
 _JOINED_BELOW = 64 * 1024  # a smaller request goes out in one write with its length
 
@@ -107,10 +106,7 @@ class SendPortClient:
         return bool(self._port)
 
     def _discover(self, address: str) -> None:
-        try:
-            port = self._conn.call("Health", pb.HealthRequest(), timeout=_HEALTH_TIMEOUT_S, retry=False).send_port
-        except Exception:  # noqa: BLE001 - any failure: gRPC serves the sends meanwhile
-            port = 0
+        port = lean_port_of(self._conn)
         with self._lock:
             self._drop_idle()
             self._address, self._port = address, port

@@ -49,8 +49,8 @@ from broker.wire.errors import (
     BrokerUnavailableError,
     OrderlyMQError,
     SendOutcomeUnknownError,
+    from_answer,
     from_rpc_error,
-    from_status,
 )
 from broker.wire.one_message import encode_one
 from broker.wire.send_request import EncodedSend, encode_send_request
@@ -64,7 +64,6 @@ __all__ = ["PipelinedSender"]
 
 log = logging.getLogger(__name__)
 
-_STATUS_BY_VALUE = {status.value[0]: status for status in grpc.StatusCode}
 _MAX_SETTLEMENTS = 10_000  # settled outcomes kept for ``settlement`` (oldest dropped)
 _WATCH_INTERVAL_S = 0.5  # the watchdog looks at the deadlines at least this often
 _PORT_CONNECT_TIMEOUT_S = 2.0  # past it, batches go over gRPC while the send port is looked up again
@@ -75,8 +74,7 @@ _RESEND_KINDS = frozenset({"NotMasterError", "ReplicationTimeoutError"})
 
 
 def _response_error(response: pb.SendResponse) -> OrderlyMQError:
-    status = _STATUS_BY_VALUE.get(response.error_code, grpc.StatusCode.UNKNOWN)
-    return from_status(status, response.error_message, response.error_kind)
+    return from_answer(response.error_code, response.error_message, response.error_kind)
 
 
 @dataclass(eq=False, slots=True)
