@@ -5,7 +5,7 @@ carries.
 A round trip of an empty gRPC call costs more than storing a small message, so a producer's
 synchronous one-message sends come here: a request small enough to be stored on the loop (the
 same rule as gRPC's, ``_Transport.send_on_loop``) is parsed, stored and answered inside one
-``data_received``, with no task, no thread and no HTTP/2 framing. Others (big batches, transactions,
+``buffer_updated``, with no task, no thread and no HTTP/2 framing. Others (big batches, transactions,
 ``flush = "sync"``) go through ``_Transport.send`` like a ``SendStream`` request, and the requests
 after them wait their turn: answers leave in request order, which is what keeps a pipelining
 client's queues in order. Everything a send does (idempotent sequences, error answers, metrics)
@@ -104,7 +104,7 @@ class _Greeter(asyncio.Protocol):
         self._conn.set_protocol(connection)
         connection.connection_made(self._conn)
         if len(self._buffer) > HELLO_SIZE:  # a stream's requests, written without waiting for the hello
-            connection.data_received(bytes(self._buffer[HELLO_SIZE:]))
+            connection.feed(bytes(self._buffer[HELLO_SIZE:]))
 
 
 class _SendConnection(FramedConnection):
@@ -117,7 +117,7 @@ class _SendConnection(FramedConnection):
 
     # -- requests ------------------------------------------------------------------------------
 
-    def _request(self, raw: bytes) -> None:
+    def _request(self, raw: bytes | bytearray) -> None:
         self._enqueue(self._sends.parse_send(raw), len(raw), time.perf_counter())
 
     def _enqueue(self, request: pb.SendRequest | pb.SendResponse, size: int, started: float) -> None:

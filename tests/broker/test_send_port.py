@@ -21,9 +21,14 @@ from tests.faults.workload import body, stored_deliveries
 class Raw:
     """A hand-driven lean port connection (sends unless ``carries`` says otherwise)."""
 
-    def __init__(self, address: str, port: int, version: int = VERSION, carries: int = SENDS) -> None:
+    def __init__(self, address: str, port: int, version: int = VERSION, carries: int = SENDS, *,
+                 then: bytes = b"", piece: int = 1 << 30) -> None:
+        """Connect and exchange hellos; ``then`` is written right behind ours, in ``piece``-byte writes."""
         self.sock = socket.create_connection((address.rpartition(":")[0], port), timeout=10)
-        self.sock.sendall(hello(version, carries))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        stream = hello(version, carries) + then
+        for at in range(0, len(stream), piece):
+            self.sock.sendall(stream[at:at + piece])
         self.version, self.carries = parse_hello(self.read(HELLO_SIZE))
 
     def read(self, n: int) -> bytes:
@@ -86,6 +91,32 @@ def test_pipelined_requests_are_stored_and_answered_in_order_and_a_resend_is_a_d
         history.extend_deliveries(stored_deliveries(conn, topic_name))
     verdict = history.check()
     assert verdict.ok and verdict.deliveries == 50, verdict
+
+
+def test_big_and_small_frames_cut_anywhere_are_stored_whole_and_in_order(broker, topic_name):
+    """A big frame is read into a buffer of its own, small ones into the connection's: frames of
+    both sizes, written right behind the hello in pieces that cut them anywhere, are each stored
+    once and in order."""
+    with BrokerConnection(broker.address) as conn:
+        conn.call("CreateTopic", pb.CreateTopicRequest(topic=topic_name, queue_count=1))
+    key = "k" + "x" * 500  # about 0.5 KB a message: a batch of 1,500 is a frame of 0.8 MB
+    history, requests, seq = History(), [], 0
+    for rows in (1, 300, 1, 1, 1500, 1, 700, 1):
+        batch = codec.messages_to_batch([{"key": key, "body": body(key, seq + i)} for i in range(rows)])
+        requests.append(pb.SendRequest(topic=topic_name, queue_id=0, batch=codec.encode(batch)).SerializeToString())
+        for i in range(rows):
+            history.sent(key, seq + i, acked=True)
+        seq += rows
+    frames = b"".join(LENGTH.pack(len(request)) + request for request in requests)
+    raw = Raw(broker.address, _send_port(broker.address), then=frames, piece=65_521)
+    answers = [raw.answer() for _ in requests]
+    raw.close()
+    assert not any(answer.error_code for answer in answers), answers
+    assert [answer.count for answer in answers] == [1, 300, 1, 1, 1500, 1, 700, 1]
+    with BrokerConnection(broker.address) as conn:
+        history.extend_deliveries(stored_deliveries(conn, topic_name))
+    verdict = history.check()
+    assert verdict.ok and verdict.deliveries == seq, verdict
 
 
 def test_a_bad_request_gets_an_error_answer_and_the_connection_goes_on(port_broker, topic_name):
