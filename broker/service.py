@@ -310,13 +310,13 @@ class BrokerService:
         already, staged = self.txns.prepare_commit(txn_id)
         if already:
             return True, 0
-        per_queue: dict[tuple[str, int], list[bytes]] = defaultdict(list)
+        per_queue: dict[tuple[str, int], list[memoryview]] = defaultdict(list)
         for topic, queue_id, payload in staged:
             per_queue[(topic, queue_id)].append(payload)
         count = 0
         for (topic, queue_id), payloads in per_queue.items():
-            body, rows = codec.join_records(payloads)  # staged sends are message_batch bodies, like records
-            result = self.store.queue(topic, queue_id).append(body, rows, f"txn:{txn_id}", 0)
+            parts, rows = codec.join_records(payloads)  # staged sends are message_batch bodies, like records
+            result = self.store.queue(topic, queue_id).append(parts, rows, f"txn:{txn_id}", 0)
             if self.cluster is not None:
                 self.cluster.stored(topic, queue_id, result.base_offset + result.count)
             count += rows

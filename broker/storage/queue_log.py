@@ -27,7 +27,16 @@ import pyarrow as pa
 from broker.persist import disk_full_as_error, fsync_dir
 from broker.storage import compaction
 from broker.storage.arrivals import Arrivals
-from broker.storage.record import HEADER, RecordHeader, frame, header_for, parse_header, producer_hash
+from broker.storage.record import (
+    HEADER,
+    Body,
+    RecordHeader,
+    body_parts,
+    frame,
+    header_for,
+    parse_header,
+    producer_hash,
+)
 from broker.storage.segment import CutReport, Segment
 from broker.wire import codec
 from broker.wire.errors import DamagedRecordError, OffsetOutOfRangeError, TopicNotFoundError
@@ -179,9 +188,9 @@ class QueueLog:
 
     # -- appending -----------------------------------------------------------------------------
 
-    def append(self, body: bytes, count: int, producer_id: str = "", sequence: int = -1) -> AppendResult:
-        """Store one batch (``codec.message_batch`` output: ``count`` messages) as one record;
-        returns its offsets.
+    def append(self, body: Body, count: int, producer_id: str = "", sequence: int = -1) -> AppendResult:
+        """Store one batch (``codec.message_batch`` output: ``count`` messages; or the parts that
+        concatenate to one, ``codec.join_records``) as one record; returns its offsets.
 
         A (producer_id, sequence) already stored returns the earlier result with
         ``duplicate=True`` and stores nothing.
@@ -202,7 +211,7 @@ class QueueLog:
             with disk_full_as_error(self.data_dir, f"store {count} message(s) in queue {self._name}"):
                 if active.size and active.size + header.size > self.segment_bytes:
                     active = self._roll()
-                active.append((head, body), header, sync=self.sync)
+                active.append((head, *body_parts(body)), header, sync=self.sync)
             if not self.sync:
                 self.dirty = True
             result = AppendResult(base, count, store_ts)

@@ -16,16 +16,20 @@ is detected; ``producer_hash``/``sequence`` let recovery rebuild the idempotent-
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import crc32c
 import xxhash
 
-__all__ = ["HEADER", "MAGIC", "RecordHeader", "frame", "header_for", "parse_header", "producer_hash", "verify"]
+__all__ = ["HEADER", "MAGIC", "Body", "RecordHeader", "body_parts", "frame", "header_for", "parse_header",
+           "producer_hash", "verify"]
 
 MAGIC = 0x314D514F  # "OQM1"
 HEADER = struct.Struct("<IIIqiqQq")
 _CRC_FROM = 12  # the crc covers everything after magic, body_len and crc
+
+Body = bytes | memoryview | Sequence[bytes | memoryview]  # a record's body, or the parts that concatenate to it
 
 
 @dataclass(frozen=True)
@@ -52,12 +56,20 @@ def producer_hash(producer_id: str) -> int:
     return xxhash.xxh64_intdigest(producer_id.encode("utf-8")) or 1 if producer_id else 0
 
 
-def header_for(body: bytes | memoryview, base_offset: int, count: int, store_ts: int, phash: int = 0,
+def header_for(body: Body, base_offset: int, count: int, store_ts: int, phash: int = 0,
                sequence: int = -1) -> bytes:
-    """The header of a record holding ``body``: written before it, the body needs no copy."""
+    """The header of a record holding ``body`` (bytes, or the parts that concatenate to them):
+    written before it, the body needs no copy."""
     tail = struct.pack("<qiqQq", base_offset, count, store_ts, phash, sequence)
-    crc = crc32c.crc32c(body, crc32c.crc32c(tail))
-    return struct.pack("<III", MAGIC, len(body), crc) + tail
+    crc, length = crc32c.crc32c(tail), 0
+    for part in body_parts(body):
+        crc, length = crc32c.crc32c(part, crc), length + len(part)
+    return struct.pack("<III", MAGIC, length, crc) + tail
+
+
+def body_parts(body: Body) -> Sequence[bytes | memoryview]:
+    """``body`` as a sequence of parts."""
+    return (body,) if isinstance(body, bytes | bytearray | memoryview) else body
 
 
 def frame(body: bytes, base_offset: int, count: int, store_ts: int, phash: int = 0, sequence: int = -1) -> bytes:

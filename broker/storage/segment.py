@@ -36,6 +36,7 @@ _INDEX_MAGIC = 0x58444E49  # "INDX"
 _READ_AHEAD = 256 * 1024  # bytes read at once when scanning records for a pull
 _PRODUCERS_MAGIC = b"OQMP0001"
 _PRODUCER = struct.Struct("<QqqiQ")  # producer hash, sequence, base offset, count, store timestamp
+_IOV_MAX = os.sysconf("SC_IOV_MAX")  # the parts one pwritev takes
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,7 @@ class Segment:
         position = self.size
         fd = self._fd if self._fd is not None else self._open(create=True)
         try:
-            written = os.pwritev(fd, parts, position)
+            written = _pwritev_all(fd, parts, position)
             if written != header.size:  # a short write on a regular file means the disk is full
                 raise OSError(errno.ENOSPC, f"short write to {self.path}: {written} of {header.size} bytes")
             if sync:
@@ -364,3 +365,18 @@ class Segment:
         self.path.unlink(missing_ok=True)
         self.index_path.unlink(missing_ok=True)
         self.producers_path.unlink(missing_ok=True)
+
+
+def _pwritev_all(fd: int, parts: Sequence[bytes | memoryview], position: int) -> int:
+    """Write ``parts`` at ``position``, over several calls when there are more than one takes (a
+    commit's record may have thousands); the bytes written, short only when the disk is full."""
+    if len(parts) <= _IOV_MAX:
+        return os.pwritev(fd, parts, position)
+    written = 0
+    for first in range(0, len(parts), _IOV_MAX):
+        group = parts[first:first + _IOV_MAX]
+        done = os.pwritev(fd, group, position + written)
+        written += done
+        if done != sum(len(part) for part in group):
+            break
+    return written

@@ -387,19 +387,22 @@ def _longest_value(chunk: pa.Array) -> int:
     return int(lengths.max()) if len(lengths) else 0
 
 
-def join_records(bodies: Sequence[bytes]) -> tuple[bytes, int]:
-    """Stored record bodies joined into one body, and its message count.
+def join_records(bodies: Sequence[bytes | memoryview]) -> tuple[list[bytes | memoryview], int]:
+    """Stored record bodies as one body, given as the parts that concatenate to it, and its
+    message count.
 
     Bodies laid out by ``message_batch`` are joined as they are (one schema message, every body's
     record batch messages, one end-of-stream marker): no batch is decoded into columns and encoded
-    again, which is what committing a transaction of many staged sends would otherwise cost.
+    again, which is what committing a transaction of many staged sends would otherwise cost, and
+    no byte is copied (the parts are views of the bodies).
     """
-    prefix = MESSAGE_SCHEMA_IPC
-    if all(body.startswith(prefix) and body.endswith(END_OF_STREAM) for body in bodies):
-        joined = b"".join([prefix, *(memoryview(b)[len(prefix):-len(END_OF_STREAM)] for b in bodies), END_OF_STREAM])
-        return joined, decode(joined).num_rows  # a zero-copy read of the batch headers
-    table = decode_records(bodies)
-    return encode(table), table.num_rows
+    prefix, end = MESSAGE_SCHEMA_IPC, END_OF_STREAM
+    views = [memoryview(body) for body in bodies]
+    if all(view[:len(prefix)] == prefix and view[len(view) - len(end):] == end for view in views):
+        rows = sum(decode(view).num_rows for view in views)  # zero-copy reads of the batch headers
+        return [prefix, *(view[len(prefix):len(view) - len(end)] for view in views), end], rows
+    table = decode_records([bytes(view) for view in views])
+    return encode_parts(table), table.num_rows
 
 
 def decode_records(bodies: Sequence[bytes]) -> pa.Table:

@@ -54,6 +54,18 @@ def test_appends_get_contiguous_offsets_and_read_back_in_order(tmp_path):
     assert table.column("body").to_pylist() == [f"k-{i}".encode() for i in range(150)]
 
 
+def test_a_record_given_as_more_parts_than_one_write_takes_is_stored_whole(tmp_path):
+    """A transaction's commit appends the parts of thousands of staged sends as one record."""
+    bodies = [batch(i, 1)[0] for i in range(os.sysconf("SC_IOV_MAX") + 300)]
+    parts, count = codec.join_records(bodies)
+    q = make_log(tmp_path, segment_bytes=1 << 30)
+    assert q.append(parts, count).count == len(bodies)
+    q.append(*batch(len(bodies), 1))
+    q.close()
+    reopened = make_log(tmp_path, segment_bytes=1 << 30)  # recovery checks each record's CRC
+    assert read_all(reopened).column("body").to_pylist() == [f"k-{i}".encode() for i in range(len(bodies) + 1)]
+
+
 def test_a_canonical_batch_is_stored_as_sent_and_others_are_normalized():
     canonical = codec.encode(codec.messages_to_batch([{"key": "a", "body": b"1"}, {"key": "b", "body": b"2"}]))
     assert codec.message_batch(canonical) == (canonical, 2)
