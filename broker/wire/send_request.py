@@ -21,7 +21,8 @@ from google.protobuf.descriptor import FieldDescriptor
 from broker.proto import orderlymq_pb2 as pb
 from broker.wire.protowire import LENGTH_DELIMITED, VARINT, field_prefix, read_varint
 
-__all__ = ["EncodedSend", "SendRequestView", "encode_send_request", "parse_send_request", "serialize_send"]
+__all__ = ["EncodedSend", "SendRequestView", "encode_send_request", "parse_send_request", "send_request_parts",
+           "serialize_send"]
 
 # Below this a request is parsed by protobuf's C parser, faster than any Python loop on few bytes.
 HAND_PARSED_BYTES = 64 * 1024
@@ -45,11 +46,18 @@ def encode_send_request(topic: str, queue_id: int, batch: bytes | Sequence[bytes
                         producer_id: str = "", sequence: int = 0) -> EncodedSend:
     """``pb.SendRequest(topic=..., batch=..., ...)`` serialized; ``batch`` is the Arrow IPC stream,
     or the parts that concatenate to it (``codec.encode_parts``)."""
+    parts = send_request_parts(topic, queue_id, batch, txn_id=txn_id, producer_id=producer_id, sequence=sequence)
+    return EncodedSend(topic, queue_id, b"".join(parts))
+
+
+def send_request_parts(topic: str, queue_id: int, batch: bytes | Sequence[bytes | pa.Buffer], *, txn_id: str = "",
+                       producer_id: str = "", sequence: int = 0) -> list[bytes | pa.Buffer]:
+    """``encode_send_request``'s bytes as parts (the small fields, then the batch's own parts), for a
+    socket that writes them one after the other: the batch is never copied into one request."""
     parts = [batch] if isinstance(batch, bytes) else batch
     head = pb.SendRequest(topic=topic, queue_id=queue_id, txn_id=txn_id, producer_id=producer_id,
                           sequence=sequence).SerializeToString()
-    prefix = field_prefix(pb.SendRequest.BATCH_FIELD_NUMBER, sum(len(p) for p in parts))
-    return EncodedSend(topic, queue_id, b"".join([head, prefix, *parts]))
+    return [head + field_prefix(pb.SendRequest.BATCH_FIELD_NUMBER, sum(len(p) for p in parts)), *parts]
 
 
 def serialize_send(request: pb.SendRequest | EncodedSend) -> bytes:

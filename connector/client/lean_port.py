@@ -4,12 +4,13 @@ opening a connection of one kind (sends or pulls) and checking the broker's hell
 from __future__ import annotations
 
 import socket
+from collections.abc import Sequence
 
 from broker.proto import orderlymq_pb2 as pb
 from broker.wire.frames import HELLO_SIZE, SENDS, VERSION, hello, parse_hello
 from connector.client.connection import BrokerConnection
 
-__all__ = ["WrongVersionError", "check_hello", "lean_port_of", "open_lean", "read_exactly"]
+__all__ = ["WrongVersionError", "check_hello", "lean_port_of", "open_lean", "read_exactly", "write_parts"]
 
 _HEALTH_TIMEOUT_S = 2.0
 
@@ -59,3 +60,16 @@ def read_exactly(sock: socket.socket, size: int) -> bytearray:
             raise ConnectionError("the broker closed the lean port connection")
         got += read
     return data
+
+
+def write_parts(sock: socket.socket, parts: Sequence) -> None:
+    """Write ``parts`` (bytes-like: bytes, Arrow buffers) one after the other, as few system calls
+    as the socket takes, without joining them: a batch of megabytes is not copied on its way out."""
+    views = [memoryview(part).cast("B") for part in parts if len(part)]
+    while views:
+        sent = sock.sendmsg(views)
+        while sent:
+            if sent < len(views[0]):
+                views[0], sent = views[0][sent:], 0
+            else:
+                sent -= len(views.pop(0))

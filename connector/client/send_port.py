@@ -19,7 +19,7 @@ import contextlib
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from google.protobuf.message import DecodeError
 
@@ -28,13 +28,19 @@ from broker.wire.errors import BrokerUnavailableError
 from broker.wire.frames import LENGTH
 from broker.wire.send_request import EncodedSend, serialize_send
 from connector.client.connection import BrokerConnection
-from connector.client.lean_port import WrongVersionError, check_hello, lean_port_of, open_lean, read_exactly
+from connector.client.lean_port import (
+    WrongVersionError,
+    check_hello,
+    lean_port_of,
+    open_lean,
+    read_exactly,
+    write_parts,
+)
 
 __all__ = ["PortStream", "SendPortClient", "SendPortFailure"]
 
 _RETRY_AFTER_S = 5.0  # a missing or failing send port is looked up again after this long
 _MAX_IDLE = 8  # connections kept for reuse
-_JOINED_BELOW = 64 * 1024  # a smaller request goes out in one write with its length
 
 
 class SendPortFailure(Exception):
@@ -67,11 +73,12 @@ class _Link:
             data += chunk
         return data
 
-    def round_trip(self, payload: bytes, timeout: float) -> bytes:
+    def round_trip(self, parts: Sequence, timeout: float) -> bytes:
+        """Send the request whose bytes are ``parts`` joined, and return its answer."""
         if timeout < self.timeout or timeout > self.timeout + 1.0:  # a little early is fine, late is not
             self.sock.settimeout(timeout)
             self.timeout = timeout
-        self.sock.sendall(LENGTH.pack(len(payload)) + payload)
+        write_parts(self.sock, [LENGTH.pack(sum(len(part) for part in parts)), *parts])
         data = self._read(LENGTH.size)
         end = LENGTH.size + LENGTH.unpack_from(data)[0]
         if len(data) < end:
@@ -117,9 +124,10 @@ class SendPortClient:
             link.close()
         self._idle.clear()
 
-    def round_trip(self, request: pb.SendRequest, deadline: float) -> pb.SendResponse:
-        """Send ``request`` and wait for its answer until ``deadline`` (``time.monotonic()``)."""
-        payload = request.SerializeToString()
+    def round_trip(self, request: pb.SendRequest | Sequence, deadline: float) -> pb.SendResponse:
+        """Send ``request`` (or the parts of one serialized, ``send_request_parts``) and wait for its
+        answer until ``deadline`` (``time.monotonic()``)."""
+        parts = [request.SerializeToString()] if isinstance(request, pb.SendRequest) else request
         with self._lock:
             link = self._idle.pop() if self._idle else None
             host, port = self._address.rpartition(":")[0], self._port
@@ -130,7 +138,7 @@ class SendPortClient:
                 self.failed()
                 raise SendPortFailure(f"cannot reach the send port {host}:{port}: {exc}", written=False) from None
         try:
-            answer = pb.SendResponse.FromString(link.round_trip(payload, max(deadline - time.monotonic(), 0.001)))
+            answer = pb.SendResponse.FromString(link.round_trip(parts, max(deadline - time.monotonic(), 0.001)))
         except Exception as exc:  # noqa: BLE001 - the request may have been written: the caller resends it
             link.close()
             self.failed()
@@ -191,11 +199,7 @@ class PortStream:
         try:
             for request in requests:
                 wire = serialize_send(request)
-                if len(wire) < _JOINED_BELOW:
-                    self._sock.sendall(LENGTH.pack(len(wire)) + wire)
-                else:  # a batch is not copied behind its length
-                    self._sock.sendall(LENGTH.pack(len(wire)))
-                    self._sock.sendall(wire)
+                write_parts(self._sock, [LENGTH.pack(len(wire)), wire])
             self._requests_ended = True
             self._sock.shutdown(socket.SHUT_WR)  # the broker answers what it has, then closes
         except OSError as exc:

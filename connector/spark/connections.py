@@ -27,14 +27,17 @@ import threading
 from connector.client.connection import BrokerConnection
 from connector.client.pull_port import PullLink, open_pull_link
 from connector.client.routed import RoutedConnection
+from connector.client.send_port import SendPortClient
 from connector.spark.security import ConnectionSecurity
 
-__all__ = ["give_back_pull_link", "lease_pull_link", "shared_connection", "shared_direct_connection"]
+__all__ = ["give_back_pull_link", "lease_pull_link", "shared_connection", "shared_direct_connection",
+           "shared_send_port"]
 
 _MAX_IDLE_LINKS = 4  # per broker: a process runs one task at a time, one link each
 
 _connections: dict[tuple, RoutedConnection | BrokerConnection] = {}
 _idle_links: dict[tuple[int, str, float], list[PullLink]] = {}
+_send_ports: dict[tuple[int, str, float], SendPortClient] = {}
 _lock = threading.Lock()
 
 
@@ -73,6 +76,17 @@ def lease_pull_link(conn: BrokerConnection) -> PullLink | None:
         if link.idle_and_open():
             return link
         link.close()  # its broker stopped or restarted
+
+
+def shared_send_port(conn: BrokerConnection) -> SendPortClient:
+    """This process's client of the lean send port of ``conn``'s broker, ``conn`` being one of the
+    process's shared connections: the sink's tasks send over it, and its idle connections wait
+    for the next task."""
+    with _lock:
+        client = _send_ports.get(_link_key(conn))
+        if client is None:
+            client = _send_ports[_link_key(conn)] = SendPortClient(conn)
+        return client
 
 
 def _link_key(conn: BrokerConnection) -> tuple[int, str, float]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -35,12 +35,19 @@ from pyspark.sql.datasource import (
 )
 
 from broker.wire import codec
-from broker.wire.errors import BadBatchError, BrokerUnavailableError, TopicGrewError, TransactionError
-from broker.wire.send_request import encode_send_request
+from broker.wire.errors import (
+    BadBatchError,
+    BrokerUnavailableError,
+    TopicGrewError,
+    TransactionError,
+    from_answer,
+)
+from broker.wire.send_request import EncodedSend, send_request_parts
 from connector.client.connection import BrokerConnection, pb
 from connector.client.routed import RoutedConnection
+from connector.client.send_port import SendPortFailure
 from connector.spark import metadata
-from connector.spark.connections import shared_connection
+from connector.spark.connections import shared_connection, shared_send_port
 from connector.spark.handoff import advance_group_offsets
 from connector.spark.options import SinkOptions
 from connector.spark.sharding import queue_ids
@@ -92,7 +99,7 @@ class _OrderlyMQWriterMixin:
         partition = ctx.partitionId() if ctx else 0
         task_attempt, attempt = (ctx.taskAttemptId(), ctx.attemptNumber()) if ctx else (0, 0)
         txn_id = task_txn_id(query_id, batch_id, partition, task_attempt, attempt)
-        conn = self.options.connect()
+        conn = shared_connection(self.options.brokers, self.options.security)
         if self.options.exactly_once:
             sender: _Sender = _StagingSender(conn, self.options, txn_id)
         else:
@@ -116,8 +123,6 @@ class _OrderlyMQWriterMixin:
         except BaseException:
             sender.drop_all()
             raise
-        finally:
-            conn.close()
 
     def _prepare(self, router: _Router, sender: _Sender) -> None:
         """What the task's first send needs and can be done before its first row: the topic's
@@ -279,6 +284,8 @@ class _Router:
         return ids
 
 
+_Payload = Sequence[bytes | pa.Buffer]  # an Arrow IPC stream as the parts that concatenate to it
+
 _MAX_BUFFERED_BYTES = 32 * 1024 * 1024  # a task's rows held back across all its queues
 _MAX_RESTAGE_BYTES = 256 * 1024 * 1024  # a task's staged payloads kept to stage again after a failover
 
@@ -320,13 +327,24 @@ class _Sender:
 
     def send(self, topic: str, queue_id: int, table: pa.Table) -> None:
         for chunk in _chunks(table, self.options.max_batch_bytes):
-            self._send_chunk(topic, queue_id, codec.encode(chunk))
+            self._send_chunk(topic, queue_id, codec.encode_parts(chunk))
             self.rows += chunk.num_rows
 
-    def _send_chunk(self, topic: str, queue_id: int, payload: bytes) -> None:
+    def _send_chunk(self, topic: str, queue_id: int, payload: _Payload) -> None:
         sequence = self._sequence.get((topic, queue_id), 0)
-        self.conn.call("Send", encode_send_request(topic, queue_id, payload, producer_id=self.producer_id,
-                                                   sequence=sequence))
+        parts = send_request_parts(topic, queue_id, payload, producer_id=self.producer_id, sequence=sequence)
+        try:
+            answer = _send_by_port(self.conn.for_queue(topic, queue_id), parts)
+        except SendPortFailure as exc:  # resent below: the broker stores one producer sequence once
+            log.info("the broker's lean port failed a send (%s); sending it over gRPC", exc)
+            answer = None
+        if answer is not None and answer.error_code:
+            error = from_answer(answer.error_code, answer.error_message, answer.error_kind)
+            if not isinstance(error, BrokerUnavailableError):
+                raise error
+            answer = None  # gRPC's call retries a broker that is down or not the master
+        if answer is None:
+            self.conn.call("Send", EncodedSend(topic, queue_id, b"".join(parts)))
         self._sequence[(topic, queue_id)] = sequence + 1
 
     def prepare(self, topic: str, queue_count: int) -> None:
@@ -397,16 +415,16 @@ class _StagingSender(_Sender):
                             "%d earlier send(s) again in a new transaction on the group's master", part.txn_id,
                             group, exc, len(part.kept))
                 todo = part.kept + todo
-                self._kept_bytes -= sum(len(kept) for _, _, kept in part.kept)  # kept again once restaged
+                self._kept_bytes -= sum(_size(kept) for _, _, kept in part.kept)  # kept again once restaged
                 self._abandoned.append((group, part.txn_id))
                 part.renew(f"{self.txn_id}.r{len(self._abandoned)}", self.options.transaction_timeout_ms)
                 continue
             self._keep(part, todo.pop(0))
 
-    def _keep(self, part: _Part, item: tuple[str, int, bytes]) -> None:
+    def _keep(self, part: _Part, item: tuple[str, int, _Payload]) -> None:
         if part.kept is None:
             return
-        self._kept_bytes += len(item[2])
+        self._kept_bytes += _size(item[2])
         if self._kept_bytes > _MAX_RESTAGE_BYTES:
             for each in self._parts.values():
                 each.kept = None  # too large to stage again: a failover fails the task instead
@@ -428,7 +446,7 @@ class _Part:
     def __init__(self, conn: BrokerConnection, txn_id: str) -> None:
         self.conn = conn
         self.txn_id = txn_id
-        self.kept: list[tuple[str, int, bytes]] | None = []  # staged, acknowledged; None: not kept
+        self.kept: list[tuple[str, int, _Payload]] | None = []  # staged, acknowledged; None: not kept
         self.staged = False  # whether a send was staged in it (a part begun ahead may stay empty)
 
     def begin(self, timeout_ms: int) -> None:
@@ -442,10 +460,39 @@ class _Part:
         self.txn_id, self.kept, self.staged = txn_id, [], False
         self.begin(timeout_ms)
 
-    def stage(self, topic: str, queue_id: int, payload: bytes) -> None:
-        request = encode_send_request(topic, queue_id, payload, txn_id=self.txn_id)
-        self.conn.call("Send", request, retry=False)  # never resent blindly: see _StagingSender
+    def stage(self, topic: str, queue_id: int, payload: _Payload) -> None:
+        """Stage one send; ``BrokerUnavailableError`` when it may or may not have been staged."""
+        parts = send_request_parts(topic, queue_id, payload, txn_id=self.txn_id)
+        try:
+            answer = _send_by_port(self.conn, parts)
+        except SendPortFailure as exc:
+            if exc.written:  # never resent blindly: see _StagingSender
+                raise BrokerUnavailableError(f"the broker's lean port failed a staged send: {exc}") from None
+            answer = None
+        if answer is None:
+            self.conn.call("Send", EncodedSend(topic, queue_id, b"".join(parts)), retry=False)
+        elif answer.error_code:
+            raise from_answer(answer.error_code, answer.error_message, answer.error_kind)
         self.staged = True
+
+
+def _send_by_port(conn: BrokerConnection, parts: _Payload) -> pb.SendResponse | None:
+    """The broker's answer to the send request whose bytes are ``parts``, over the lean port of
+    ``conn``'s broker, where it serves one (None where not: gRPC carries the send).
+
+    Raises
+    ------
+    SendPortFailure
+        No answer; ``written`` says whether the request may have reached the broker.
+    """
+    port = shared_send_port(conn)
+    if not port.ready():
+        return None
+    return port.round_trip(parts, time.monotonic() + conn.timeout)
+
+
+def _size(payload: _Payload) -> int:
+    return sum(len(part) for part in payload)
 
 
 def _chunks(table: pa.Table, max_bytes: int) -> Iterator[pa.Table]:

@@ -85,6 +85,62 @@ def test_exactly_once_false_sends_directly_in_order(ospark, broker, conn, topic_
     check_routed_in_order(conn, target, 2, events)
 
 
+def _rpcs(broker, method: str) -> float:
+    return broker.service.metrics.registry.get_sample_value(
+        "orderlymq_rpc_duration_seconds_count", {"method": method}) or 0
+
+
+@pytest.mark.parametrize("exactly_once", ["true", "false"])
+@pytest.mark.parametrize("lean_port", [True, False])
+def test_tasks_send_over_the_lean_port_when_served_else_grpc(ospark, broker_factory, topic_name, tmp_path,
+                                                             exactly_once, lean_port):
+    from connector.client.connection import BrokerConnection
+
+    broker = broker_factory(send_port=0 if lean_port else -1)
+    source, target = topic_name, topic_name + "-out"
+    with BrokerConnection(broker.address) as conn:
+        create_topic(conn, source, 2)
+        create_topic(conn, target, 3)
+        events = keyed_events(6, 20)
+        produce(conn, source, 2, events)
+        produced = _rpcs(broker, "Send")
+        copy_stream(ospark, broker, source, target, tmp_path / "ck", exactlyOnce=exactly_once, maxBatchBytes=1024)
+        check_routed_in_order(conn, target, 3, events)
+    over_port, over_grpc = _rpcs(broker, "SendPort"), _rpcs(broker, "Send") - produced
+    if not lean_port:
+        assert over_port == 0 and over_grpc >= 6
+    elif exactly_once == "true":
+        assert over_port >= 6  # each batch's plan goes over gRPC (connector.spark.transactions)
+    else:
+        assert over_port >= 6 and over_grpc == 0
+
+
+@pytest.mark.parametrize("exactly_once", [True, False])
+def test_a_task_whose_lean_port_closes_sends_on_over_grpc(broker_factory, topic_name, exactly_once):
+    """The port's connections are closed under a writing task: what it sent next, it resends over
+    gRPC (at least once: the broker stores one producer sequence once), or stages again, with
+    everything staged before, in a new transaction (exactly once); every row once, in order."""
+    from connector.client.connection import BrokerConnection
+
+    broker = broker_factory()
+    events = keyed_events(4, 30)
+    with BrokerConnection(broker.address) as conn:
+        create_topic(conn, topic_name, 2)
+        writer = _writer(broker, topic_name, maxBatchBytes="1024", exactlyOnce=str(exactly_once).lower())
+
+        def batches():
+            for start in range(0, len(events), 10):  # each batch fills every queue's 1024 bytes: a send each
+                if start == 50:
+                    broker._loop.call(broker.send_port.close())
+                yield _batch(events[start:start + 10], pad=200)
+
+        message = writer.write(batches())
+        assert len(message.parts) == (1 if exactly_once else 0)
+        writer.commit([message], 0)
+        check_routed_in_order(conn, topic_name, 2, events)
+    assert _rpcs(broker, "SendPort") >= 8 and _rpcs(broker, "Send") >= 8
+
+
 def test_commit_replay_in_process(broker, conn, topic_name):
     """``commit`` of one batch id twice (new attempts, new transactions) makes each row visible once."""
     create_topic(conn, topic_name, 2)
@@ -120,16 +176,19 @@ def test_bad_input_fails_the_batch_with_nothing_visible(ospark, broker, conn, to
     assert all(events == [] for events in topic_events(conn, topic_name).values())
 
 
-def _writer(broker, topic_name):
+def _writer(broker, topic_name, **options):
     schema = StructType([StructField("key", source_schema()["key"].dataType), source_schema()["body"]])
-    ds = OrderlyMQDataSource({"brokers": broker.address, "topic": topic_name, "shardingKey": "key"})
+    ds = OrderlyMQDataSource({"brokers": broker.address, "topic": topic_name, "shardingKey": "key", **options})
     return ds.streamWriter(schema, False)
 
 
+def _batch(events, pad: int = 0):
+    bodies = [json.dumps({"key": k, "seq": s, "pad": "x" * pad}).encode() for k, s in events]
+    return pa.record_batch([pa.array([k for k, _ in events]), pa.array(bodies, pa.binary())], ["key", "body"])
+
+
 def _attempt(writer, partition, events):
-    bodies = [json.dumps({"key": k, "seq": s}).encode() for k, s in events]
-    batch = pa.record_batch([pa.array([k for k, _ in events]), pa.array(bodies, pa.binary())], ["key", "body"])
-    m = writer.write(iter([batch]))
+    m = writer.write(iter([_batch(events)]))
     return type(m)(m.query_id, m.batch_id, partition, m.parts, m.rows)
 
 
