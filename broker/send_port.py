@@ -117,7 +117,7 @@ class _SendConnection(FramedConnection):
 
     # -- requests ------------------------------------------------------------------------------
 
-    def _request(self, raw: bytes | bytearray) -> None:
+    def _request(self, raw: bytes | memoryview) -> None:
         self._enqueue(self._sends.parse_send(raw), len(raw), time.perf_counter())
 
     def _enqueue(self, request: pb.SendRequest | pb.SendResponse, size: int, started: float) -> None:

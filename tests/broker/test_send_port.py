@@ -119,6 +119,33 @@ def test_big_and_small_frames_cut_anywhere_are_stored_whole_and_in_order(broker,
     assert verdict.ok and verdict.deliveries == seq, verdict
 
 
+@pytest.mark.parametrize("size", [16 << 20, 100 << 20])  # memory malloc takes from its heap, or maps
+def test_frames_announced_and_never_sent_hold_no_memory(broker, size):
+    """Twenty clients each announce a big frame and send 1 KiB of it: the broker's buffers take
+    memory as bytes arrive, not as frames are announced."""
+    import psutil
+
+    from tests.support import wait_until
+
+    port = _send_port(broker.address)
+    before = psutil.Process().memory_info().rss
+    clients = [Raw(broker.address, port, then=LENGTH.pack(size) + b"\0" * 1024) for _ in range(20)]
+
+    def reading() -> int:  # connections reading an announced frame into its own buffer
+        return sum(getattr(c, "_frame", None) is not None for c in broker.send_port.connections)
+
+    try:
+        assert wait_until(lambda: reading() == 20)
+        assert psutil.Process().memory_info().rss - before < 20 * size // 4
+        healthy = Raw(broker.address, port)  # the port goes on serving
+        healthy.write(_request("no-such-topic", "k", 0))
+        assert healthy.answer().error_kind == "TopicNotFoundError"
+        healthy.close()
+    finally:
+        for client in clients:
+            client.close()
+
+
 def test_a_bad_request_gets_an_error_answer_and_the_connection_goes_on(port_broker, topic_name):
     _broker, raw = port_broker
     raw.write(b"\xff\xff\xff")  # not a SendRequest
