@@ -18,7 +18,7 @@ from typing import Any
 from broker.wire.errors import InvalidOptionError
 from connector.client.connection import BrokerConnection, parse_brokers
 from connector.client.routed import RoutedConnection
-from connector.spark.connections import shared_direct_connection
+from connector.spark.connections import shared_connection, shared_direct_connection
 from connector.spark.security import SECURITY_OPTIONS, ConnectionSecurity
 
 __all__ = [
@@ -367,8 +367,10 @@ class SinkOptions:
     security: ConnectionSecurity = field(default_factory=ConnectionSecurity)
 
     def connect(self) -> RoutedConnection:
-        """A connection to the broker or cluster (each queue's sends go to its group's master)."""
-        return RoutedConnection(self.brokers, **self.security.connect_kwargs())
+        """This process's connection to the broker or cluster (each queue's sends go to its group's
+        master), shared by the sink's tasks and commits (``connector.spark.connections``): never
+        closed by its users."""
+        return shared_connection(self.brokers, self.security)
 
     @classmethod
     def from_options(cls, mapping: Mapping[str, Any]) -> SinkOptions:

@@ -47,7 +47,7 @@ from connector.client.connection import BrokerConnection, pb
 from connector.client.routed import RoutedConnection
 from connector.client.send_port import SendPortFailure
 from connector.spark import metadata
-from connector.spark.connections import shared_connection, shared_send_port
+from connector.spark.connections import shared_send_port
 from connector.spark.handoff import advance_group_offsets
 from connector.spark.options import SinkOptions
 from connector.spark.sharding import queue_ids
@@ -99,7 +99,7 @@ class _OrderlyMQWriterMixin:
         partition = ctx.partitionId() if ctx else 0
         task_attempt, attempt = (ctx.taskAttemptId(), ctx.attemptNumber()) if ctx else (0, 0)
         txn_id = task_txn_id(query_id, batch_id, partition, task_attempt, attempt)
-        conn = shared_connection(self.options.brokers, self.options.security)
+        conn = self.options.connect()
         if self.options.exactly_once:
             sender: _Sender = _StagingSender(conn, self.options, txn_id)
         else:
@@ -141,14 +141,14 @@ class _OrderlyMQWriterMixin:
             if then is not None:
                 then()
             return
-        conn = shared_connection(self.options.brokers, self.options.security)
+        conn = self.options.connect()
         rows = commit_batch(conn, done[0].query_id, batch_id, txns, replayable=self.streaming, then=then)
         log.info("committed batch %d: %d row(s) from %d task(s)", batch_id, rows, len({p for p, _, _ in txns}))
 
     def _abort(self, messages: list[SinkCommitMessage | None], batch_id: int) -> None:
         parts = [part for m in messages if m is not None for part in m.parts]
         if parts:
-            abort_all(shared_connection(self.options.brokers, self.options.security), parts)
+            abort_all(self.options.connect(), parts)
         log.warning("aborted batch %d: %d staged transaction(s) dropped", batch_id, len(parts))
 
 

@@ -21,9 +21,9 @@ def test_security_options_build_the_connection(pki):
     options = SinkOptions.from_options({**BASE, "tls.caFile": ca.ca_file, "tls.certFile": client.cert_file,
                                         "tls.keyFile": client.key_file, "auth.accessKey": "writer",
                                         "auth.secretKey": "writer-secret-002"})
-    with options.connect() as conn:
-        assert conn.tls.ca_file == ca.ca_file and conn.tls.cert_file == client.cert_file
-        assert conn.credentials.access_key == "writer"
+    conn = options.connect()  # the process's shared connection: never closed by its users
+    assert conn.tls.ca_file == ca.ca_file and conn.tls.cert_file == client.cert_file
+    assert conn.credentials.access_key == "writer"
     assert "writer-secret-002" not in repr(options)
 
 
