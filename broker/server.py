@@ -257,7 +257,7 @@ class _Transport:
         return answer
 
     @staticmethod
-    def parse_send(raw: bytes) -> pb.SendRequest | SendRequestView | pb.SendResponse:
+    def parse_send(raw: bytes | memoryview) -> pb.SendRequest | SendRequestView | pb.SendResponse:
         """A stream's or the send port's request, or the error answer of a malformed one."""
         try:
             return parse_send_request(raw)

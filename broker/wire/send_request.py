@@ -76,7 +76,7 @@ class SendRequestView:
         self.batch: bytes | memoryview = b""
 
 
-def parse_send_request(raw: bytes) -> pb.SendRequest | SendRequestView:
+def parse_send_request(raw: bytes | memoryview) -> pb.SendRequest | SendRequestView:
     """The request in ``raw``: a big one parsed by hand when it has the usual shape (only known
     fields, each of its own wire type); anything else by protobuf, whose verdict then stands
     (``DecodeError`` for bytes that are not a ``SendRequest``)."""
@@ -88,7 +88,7 @@ def parse_send_request(raw: bytes) -> pb.SendRequest | SendRequestView:
     return pb.SendRequest.FromString(raw)
 
 
-def _parse(raw: bytes) -> SendRequestView:
+def _parse(raw: bytes | memoryview) -> SendRequestView:
     view, request, position = memoryview(raw), SendRequestView(), 0
     while position < len(raw):
         key, position = read_varint(raw, position)

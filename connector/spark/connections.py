@@ -82,10 +82,11 @@ def shared_send_port(conn: BrokerConnection) -> SendPortClient:
     """This process's client of the lean send port of ``conn``'s broker, ``conn`` being one of the
     process's shared connections: the sink's tasks send over it, and its idle connections wait
     for the next task."""
+    key = _link_key(conn)
     with _lock:
-        client = _send_ports.get(_link_key(conn))
+        client = _send_ports.get(key)
         if client is None:
-            client = _send_ports[_link_key(conn)] = SendPortClient(conn)
+            client = _send_ports[key] = SendPortClient(conn)
         return client
 
 
