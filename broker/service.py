@@ -173,12 +173,14 @@ class BrokerService:
         queue = self._queue(request.topic, request.queue_id)
         body, count = codec.message_batch(request.batch)
         if request.txn_id:
+            # A producer id makes the staged send idempotent: its sequence numbers it in the transaction.
+            sequence = request.sequence if request.producer_id else None
             with self._txn_changes() as record:
-                self.txns.stage(request.txn_id, request.topic, request.queue_id, body)
-                if self.cluster is not None:  # only the group's slaves read the payload from the change
+                staged = self.txns.stage(request.txn_id, request.topic, request.queue_id, body, sequence)
+                if staged and self.cluster is not None:  # only the group's slaves read the payload from the change
                     record(pb.TxnChange(kind=pb.TxnChange.STAGE, txn_id=request.txn_id, topic=request.topic,
                                         queue_id=request.queue_id, payload=bytes(body)))
-            return pb.SendResponse(base_offset=-1, count=count, queue_id=request.queue_id)
+            return pb.SendResponse(base_offset=-1, count=count, queue_id=request.queue_id, duplicate=not staged)
         result = queue.append(body, count, request.producer_id, request.sequence if request.producer_id else -1)
         if not result.duplicate:
             self.metrics.stored(request.topic, request.queue_id, result.count, len(body))

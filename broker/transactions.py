@@ -119,6 +119,7 @@ class TransactionManager:
         self._stripes = [threading.Lock() for _ in range(_STRIPES)]
         self._txns: dict[str, dict[str, Any]] = {}
         self._activity: dict[str, int] = {}  # OPEN ids -> last activity
+        self._staged_counts: dict[str, int] = {}  # OPEN and COMMITTING ids -> sends staged
         self._finished: OrderedDict[str, int] = OrderedDict()  # finished ids, oldest first
         self._journal_records = 0
         self._staged_dir.mkdir(parents=True, exist_ok=True)
@@ -152,6 +153,7 @@ class TransactionManager:
                 rec = {"state": OPEN, "timeout_ms": timeout_ms or self._timeout_ms, "updated_ms": now}
                 self._record([(txn_id, rec)])
                 self._activity[txn_id] = now
+                self._staged_counts[txn_id] = 0
                 return OPEN
             if rec["state"] == OPEN:
                 if self._idle_expired(txn_id, rec, now):
@@ -160,15 +162,25 @@ class TransactionManager:
                 self._activity[txn_id] = now
             return rec["state"]
 
-    def stage(self, txn_id: str, topic: str, queue_id: int, payload: bytes) -> None:
+    def stage(self, txn_id: str, topic: str, queue_id: int, payload: bytes, sequence: int | None = None) -> bool:
         """Append one send (an Arrow IPC payload for ``topic``/``queue_id``), durable on return.
+
+        With ``sequence`` (the send's number in the transaction, from 0) the send is idempotent: one
+        numbered below the count already staged is a resend of a staged one and is not staged again,
+        so a producer may resend a send whose answer it lost, even across a broker restart.
+
+        Returns
+        -------
+        bool
+            False for such a resend, True when the send was staged.
 
         Raises
         ------
         TransactionNotFoundError
             Unknown id.
         TransactionError
-            The transaction is not OPEN (committing, committed, aborted or just timed out).
+            The transaction is not OPEN (committing, committed, aborted or just timed out), or
+            ``sequence`` is past the count staged: earlier sends are missing.
         """
         _check_id(txn_id)
         if not isinstance(topic, str) or not topic:
@@ -177,6 +189,8 @@ class TransactionManager:
             raise InvalidRequestError(f"queue id must be an integer >= 0, got {queue_id!r}")
         if not isinstance(payload, bytes | bytearray | memoryview):
             raise InvalidRequestError(f"payload must be bytes, got {type(payload).__name__}")
+        if sequence is not None and sequence < 0:
+            raise InvalidRequestError(f"a staged send's sequence must be >= 0, got {sequence}")
         topic_bytes = topic.encode("utf-8")
         if len(topic_bytes) > 0xFFFF:
             raise InvalidRequestError("topic name is longer than 65535 bytes")
@@ -187,8 +201,19 @@ class TransactionManager:
                 now = self._clock()
                 self._require_open(txn_id, now, "stage a send in")
                 self._activity[txn_id] = now
+                count = self._staged_counts.get(txn_id, 0)
+            if sequence is not None and sequence != count:
+                if sequence < count:
+                    return False
+                raise TransactionError(
+                    f"transaction {txn_id!r} has {count} staged send(s), but this send is number {sequence} (from 0): "
+                    "the sends in between are missing (lost in a failover); stage everything again in a new transaction"
+                )
             with disk_full_as_error(self._dir.parent, f"stage a send in transaction {txn_id!r}"):
                 self._append_frame(self._staged_path(txn_id), parts)
+            with self._mutex:
+                self._staged_counts[txn_id] = count + 1
+            return True
 
     def prepare_commit(self, txn_id: str) -> tuple[bool, list[tuple[str, int, memoryview]]]:
         """Move ``txn_id`` to COMMITTING (durably) and return what to apply.
@@ -391,6 +416,7 @@ class TransactionManager:
             rec["reason"] = reason
         self._record([(txn_id, rec)])
         self._activity.pop(txn_id, None)
+        self._staged_counts.pop(txn_id, None)
         self._finished[txn_id] = now
         self._finished.move_to_end(txn_id)
         # After the journal says finished: a crash before this unlink leaves an orphan removed on load.
@@ -539,7 +565,7 @@ class TransactionManager:
             if rec["state"] in (OPEN, COMMITTING):
                 path = self._staged_path(tid)
                 live_files.add(path.name)
-                _cut_torn_tail(path, self._fsync)
+                self._staged_counts[tid] = _cut_torn_tail(path, self._fsync)
                 if rec["state"] == OPEN:
                     self._activity[tid] = now
         for tid, rec in sorted(self._txns.items(), key=lambda item: item[1]["updated_ms"]):
@@ -597,12 +623,13 @@ def _split_frames(data: bytes) -> tuple[list[memoryview], int]:
     return bodies, pos
 
 
-def _cut_torn_tail(path: Path, fsync: bool) -> None:
+def _cut_torn_tail(path: Path, fsync: bool) -> int:
+    """Cut the staged file at ``path`` after its last whole frame; how many frames it holds."""
     try:
         data = path.read_bytes()
     except FileNotFoundError:
-        return
-    _, end = _split_frames(data)
+        return 0
+    bodies, end = _split_frames(data)
     if end != len(data):
         # Only the last, unacknowledged frame can be torn by a crash: every acknowledged one was fsynced.
         log.warning("cutting %d bytes of torn staged data at %s", len(data) - end, path)
@@ -610,6 +637,7 @@ def _cut_torn_tail(path: Path, fsync: bool) -> None:
             f.truncate(end)
             if fsync:
                 os.fsync(f.fileno())
+    return len(bodies)
 
 
 def _valid_record(rec: Any) -> dict[str, Any]:

@@ -10,9 +10,11 @@ attempt leaves nothing visible, a replayed batch is committed once. Without it t
 directly (at-least-once, still ordered within the task) with idempotent-producer sequence numbers,
 so a retried send is stored once.
 
-In a cluster each queue's rows go to the master of the broker group holding it, and a task's
-transaction has one part per group (``_StagingSender``); a group's failover is followed by
-resending (idempotent sends) or by staging the group's part again (staged sends).
+Every send is idempotent: an at-least-once send carries its producer sequence, a staged send its
+number in the transaction, so a send whose answer was lost (a broker restart, a closed
+connection) is sent again and stored or staged once. In a cluster each queue's rows go to the
+master of the broker group holding it, and a task's transaction has one part per group
+(``_StagingSender``); a part that a group's failover lost is staged again in a new transaction.
 """
 
 from __future__ import annotations
@@ -333,18 +335,7 @@ class _Sender:
     def _send_chunk(self, topic: str, queue_id: int, payload: _Payload) -> None:
         sequence = self._sequence.get((topic, queue_id), 0)
         parts = send_request_parts(topic, queue_id, payload, producer_id=self.producer_id, sequence=sequence)
-        try:
-            answer = _send_by_port(self.conn.for_queue(topic, queue_id), parts)
-        except SendPortFailure as exc:  # resent below: the broker stores one producer sequence once
-            log.info("the broker's lean port failed a send (%s); sending it over gRPC", exc)
-            answer = None
-        if answer is not None and answer.error_code:
-            error = from_answer(answer.error_code, answer.error_message, answer.error_kind)
-            if not isinstance(error, BrokerUnavailableError):
-                raise error
-            answer = None  # gRPC's call retries a broker that is down or not the master
-        if answer is None:
-            self.conn.call("Send", EncodedSend(topic, queue_id, b"".join(parts)))
+        _send_idempotent(self.conn.for_queue(topic, queue_id), self.conn, topic, queue_id, parts)
         self._sequence[(topic, queue_id)] = sequence + 1
 
     def prepare(self, topic: str, queue_count: int) -> None:
@@ -365,12 +356,14 @@ class _StagingSender(_Sender):
     group's master holds its own transactions), begun on first use, or ahead of the first row on
     a single broker (one that stays empty is aborted, not committed).
 
-    A staged send is not deduplicated by the broker, so one whose outcome is unknown (the group's
-    master died or stepped down before answering) is never resent into the same part: the part
-    is abandoned (aborted, never committed) and replaced by a new transaction on the group's new
+    A staged send whose answer was lost is sent again under its number in the part, and staged
+    once (``_Part.stage``): the part survives a restart of its broker. A group's failover may
+    lose a part, or its last sends, when the new master had not copied them yet: the part is then
+    abandoned (aborted, never committed) and replaced by a new transaction on the group's new
     master, into which everything the task staged on that group is staged again, in order. That
-    needs the staged payloads kept until the task ends (up to ``_MAX_RESTAGE_BYTES`` per task;
-    past it a failover fails the task, and Spark's retry stages it anew).
+    needs a cluster's staged payloads kept until the task ends (up to ``_MAX_RESTAGE_BYTES`` per
+    task; past it such a failover fails the task, and Spark's retry stages it anew). A single
+    broker's are not kept: nothing else could take its part over.
     """
 
     def __init__(self, conn: RoutedConnection, options: SinkOptions, txn_id: str) -> None:
@@ -390,7 +383,7 @@ class _StagingSender(_Sender):
     def _part(self, group: str) -> _Part:
         part = self._parts.get(group)
         if part is None:
-            part = self._parts[group] = _Part(self.conn.for_group(group), self.txn_id)
+            part = self._parts[group] = _Part(self.conn.for_group(group), self.txn_id, keep=bool(group))
             part.begin(self.options.transaction_timeout_ms)
         return part
 
@@ -405,13 +398,13 @@ class _StagingSender(_Sender):
         while todo:
             try:
                 part.stage(*todo[0])
-            except BrokerUnavailableError as exc:
+            except (BrokerUnavailableError, TransactionError) as exc:
                 if part.kept is None or time.monotonic() > give_up:
-                    raise BrokerUnavailableError(
-                        f"transaction {part.txn_id}: broker {part.conn.address} did not answer a staged send ({exc}); "
+                    raise type(exc)(
+                        f"transaction {part.txn_id}: broker {part.conn.address} could not stage a send ({exc}); "
                         "the task fails, and nothing it staged becomes visible"
                     ) from None
-                log.warning("transaction %s: a staged send to broker group %r got no answer (%s); staging its "
+                log.warning("transaction %s: broker group %r lost or did not answer a staged send (%s); staging its "
                             "%d earlier send(s) again in a new transaction on the group's master", part.txn_id,
                             group, exc, len(part.kept))
                 todo = part.kept + todo
@@ -443,11 +436,12 @@ class _StagingSender(_Sender):
 class _Part:
     """One broker group's part of a task's transaction: its id and what was staged in it."""
 
-    def __init__(self, conn: BrokerConnection, txn_id: str) -> None:
+    def __init__(self, conn: BrokerConnection, txn_id: str, *, keep: bool) -> None:
         self.conn = conn
         self.txn_id = txn_id
-        self.kept: list[tuple[str, int, _Payload]] | None = []  # staged, acknowledged; None: not kept
-        self.staged = False  # whether a send was staged in it (a part begun ahead may stay empty)
+        self.keep = keep
+        self.kept: list[tuple[str, int, _Payload]] | None = [] if keep else None  # staged; None: not kept
+        self.sent = 0  # sends staged in it: the number of the next one
 
     def begin(self, timeout_ms: int) -> None:
         request = pb.BeginTxnRequest(txn_id=self.txn_id, timeout_ms=timeout_ms)
@@ -457,23 +451,49 @@ class _Part:
 
     def renew(self, txn_id: str, timeout_ms: int) -> None:
         """Go on in a new transaction ``txn_id`` (begun once the group answers again), empty."""
-        self.txn_id, self.kept, self.staged = txn_id, [], False
+        self.txn_id, self.kept, self.sent = txn_id, [] if self.keep else None, 0
         self.begin(timeout_ms)
 
+    @property
+    def staged(self) -> bool:
+        """Whether a send was staged in it (a part begun ahead may stay empty)."""
+        return self.sent > 0
+
     def stage(self, topic: str, queue_id: int, payload: _Payload) -> None:
-        """Stage one send; ``BrokerUnavailableError`` when it may or may not have been staged."""
-        parts = send_request_parts(topic, queue_id, payload, txn_id=self.txn_id)
-        try:
-            answer = _send_by_port(self.conn, parts)
-        except SendPortFailure as exc:
-            if exc.written:  # never resent blindly: see _StagingSender
-                raise BrokerUnavailableError(f"the broker's lean port failed a staged send: {exc}") from None
-            answer = None
-        if answer is None:
-            self.conn.call("Send", EncodedSend(topic, queue_id, b"".join(parts)), retry=False)
-        elif answer.error_code:
-            raise from_answer(answer.error_code, answer.error_message, answer.error_kind)
-        self.staged = True
+        """Stage one send, numbered in the part: sent again until an answer comes, it is staged once.
+
+        Raises
+        ------
+        BrokerUnavailableError
+            No answer until the connection's retry timeout: it may or may not have been staged.
+        TransactionError
+            The broker no longer has the part, or not all of it (lost in a failover).
+        """
+        parts = send_request_parts(topic, queue_id, payload, txn_id=self.txn_id, producer_id=self.txn_id,
+                                   sequence=self.sent)
+        _send_idempotent(self.conn, self.conn, topic, queue_id, parts)
+        self.sent += 1
+
+
+def _send_idempotent(port_conn: BrokerConnection, conn: BrokerConnection | RoutedConnection, topic: str,
+                     queue_id: int, parts: _Payload) -> None:
+    """Send the idempotent send request whose bytes are ``parts``: over the lean port of
+    ``port_conn``'s broker where it serves one, else, or when the port fails or the broker is
+    unavailable, over ``conn``'s gRPC, whose call retries until the broker answers. The broker
+    stores or stages one producer sequence once, so a request the port may have delivered is
+    safe to send again."""
+    try:
+        answer = _send_by_port(port_conn, parts)
+    except SendPortFailure as exc:
+        log.info("the broker's lean port failed a send (%s); sending it over gRPC", exc)
+        answer = None
+    if answer is not None and answer.error_code:
+        error = from_answer(answer.error_code, answer.error_message, answer.error_kind)
+        if not isinstance(error, BrokerUnavailableError):
+            raise error
+        answer = None  # gRPC's call retries a broker that is down or not the master
+    if answer is None:
+        conn.call("Send", EncodedSend(topic, queue_id, b"".join(parts)))
 
 
 def _send_by_port(conn: BrokerConnection, parts: _Payload) -> pb.SendResponse | None:

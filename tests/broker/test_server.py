@@ -261,6 +261,34 @@ def test_staged_transaction_survives_restart(broker_factory, tmp_path, topic_nam
     conn.close()
 
 
+def test_numbered_staged_sends_are_staged_once_across_a_restart(broker_factory, tmp_path, topic_name):
+    """A staged send with a producer id is numbered in its transaction: a resend of one already
+    staged (its answer lost) answers duplicate and adds nothing, before and after a restart; a
+    number past the count staged (sends lost in between) is refused."""
+    data = tmp_path / "txn-numbered"
+    first = broker_factory(data_dir=data)
+    conn = BrokerConnection(first.address, retry_timeout=2)
+    create(conn, topic_name, 2)
+    conn.call("BeginTxn", pb.BeginTxnRequest(txn_id="t"))
+
+    def stage(conn, number: int, body: str) -> pb.SendResponse:
+        return send_rows(conn, topic_name, number % 2, [{"key": "k", "body": body}], txn_id="t", producer_id="t",
+                         sequence=number)
+
+    assert [stage(conn, n, f"m{n}").duplicate for n in (0, 1, 1, 0, 2)] == [False, False, True, True, False]
+    with pytest.raises(TransactionError, match="3 staged send.*number 4"):
+        stage(conn, 4, "m4")
+    conn.close()
+    first.stop()
+    second = broker_factory(data_dir=data)
+    conn = BrokerConnection(second.address, retry_timeout=2)
+    assert [stage(conn, n, f"m{n}").duplicate for n in (2, 3, 3)] == [True, False, True]
+    assert conn.call("CommitTxn", pb.CommitTxnRequest(txn_id="t")).count == 4
+    assert pull_all(conn, topic_name, 0).column("body").to_pylist() == [b"m0", b"m2"]
+    assert pull_all(conn, topic_name, 1).column("body").to_pylist() == [b"m1", b"m3"]
+    conn.close()
+
+
 def test_retention_removes_old_segments(broker_factory, topic_name):
     broker = broker_factory(segment_bytes=4096, retention_ms=200, retention_check_interval_ms=100,
                             flush_interval_ms=50)

@@ -237,10 +237,12 @@ def test_commit_plan_replayed_exactly_on_every_group(broker_cluster):
     assert output.ok and output.deliveries == output.acked, str(output)
 
 
-def test_task_stages_again_on_the_new_master_after_its_group_master_is_killed(broker_cluster):
-    """A task stages rows on three groups; one group's master is killed -9 between two of its sends:
-    the part on that group is abandoned and its rows staged again, in order, in a new transaction
-    on the new master; committed, the output holds every row once, each key in order."""
+def test_task_goes_on_through_a_master_kill_and_stages_again_a_lost_part(broker_cluster):
+    """A task stages rows on three groups. One group's master is killed -9 between two of its sends:
+    its new master had copied every staged send, so the task's next send goes on in the same part.
+    Another group loses the task's part (aborted behind its back): that part is abandoned and its
+    rows staged again, in order, in a new transaction. Committed, the output holds every row once,
+    each key in order."""
     import threading
 
     groups = broker_cluster(3, 2)
@@ -248,7 +250,7 @@ def test_task_stages_again_on_the_new_master_after_its_group_master_is_killed(br
     with Admin(bootstrap) as admin:
         admin.create_topic(SINK, QUEUES)
     writer, history = _stream_writer(bootstrap, maxBatchBytes="1024"), History()
-    victim = groups[1]
+    victim, losing = groups[1], groups[2]
     _sent(12, range(0, 60), history)
 
     def batches():
@@ -257,11 +259,19 @@ def test_task_stages_again_on_the_new_master_after_its_group_master_is_killed(br
         master.kill9()
         # With min_sync_replicas = 2 the new master acknowledges once the old one is back as its slave.
         threading.Thread(target=lambda: (victim.wait_for_master(exclude=master), master.start()), daemon=True).start()
+        with RoutedConnection(bootstrap) as conn:
+            conn.groups()  # learn every group's master
+            losing_master = conn.for_group(losing.name)
+            open_txns = losing_master.call("ListTransactions", pb.ListTransactionsRequest()).transactions
+            for txn in open_txns:
+                losing_master.call("AbortTxn", pb.AbortTxnRequest(txn_id=txn.txn_id))
+        assert len(open_txns) == 1
         yield _rows(12, range(30, 60))
 
     message = _task(writer, 0, batches())  # the kill happens between the task's sends
     parts = dict(message.parts)
-    assert ".r" in parts[victim.name] and all(".r" not in txn for g, txn in parts.items() if g != victim.name), parts
+    renewed = sorted(group for group, txn in parts.items() if ".r" in txn)
+    assert len(parts) == 3 and renewed == [losing.name], parts
     writer.commit([message], 0)
     with RoutedConnection(bootstrap) as conn:
         output = check(history.sends, stored_deliveries(conn, SINK))
