@@ -3,6 +3,7 @@ opening a connection of one kind (sends or pulls) and checking the broker's hell
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Sequence
 
@@ -13,6 +14,7 @@ from connector.client.connection import BrokerConnection
 __all__ = ["WrongVersionError", "check_hello", "lean_port_of", "open_lean", "read_exactly", "write_parts"]
 
 _HEALTH_TIMEOUT_S = 2.0
+_IOV_MAX = os.sysconf("SC_IOV_MAX")  # the parts one sendmsg takes
 
 
 def lean_port_of(conn: BrokerConnection) -> int:
@@ -66,10 +68,12 @@ def write_parts(sock: socket.socket, parts: Sequence) -> None:
     """Write ``parts`` (bytes-like: bytes, Arrow buffers) one after the other, as few system calls
     as the socket takes, without joining them: a batch of megabytes is not copied on its way out."""
     views = [memoryview(part).cast("B") for part in parts if len(part)]
-    while views:
-        sent = sock.sendmsg(views)
+    first = 0
+    while first < len(views):
+        sent = sock.sendmsg(views[first:first + _IOV_MAX])
         while sent:
-            if sent < len(views[0]):
-                views[0], sent = views[0][sent:], 0
+            if sent < len(views[first]):
+                views[first], sent = views[first][sent:], 0
             else:
-                sent -= len(views.pop(0))
+                sent -= len(views[first])
+                first += 1

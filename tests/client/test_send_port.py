@@ -176,3 +176,29 @@ def test_pipelined_batches_cut_off_by_a_restart_are_stored_once_in_order(tmp_pat
         assert verdict.ok and verdict.deliveries == 20 * 301, verdict
     finally:
         proc.kill9()
+
+
+def test_write_parts_sends_more_parts_than_one_sendmsg_takes():
+    """A batch of many Arrow buffers (a table of many chunks) leaves whole and in order."""
+    import socket
+
+    from connector.client.lean_port import write_parts
+
+    parts = [bytes([i % 256]) * (1 + i % 5) for i in range(os.sysconf("SC_IOV_MAX") * 3 + 7)]
+    left, right = socket.socketpair()
+    with left, right:
+        reader = threading.Thread(target=lambda: received.append(_read_all(right, sum(map(len, parts)))))
+        received: list[bytes] = []
+        reader.start()
+        write_parts(left, parts)
+        reader.join(10)
+    assert received == [b"".join(parts)]
+
+
+def _read_all(sock, size: int) -> bytes:
+    chunks, got = [], 0
+    while got < size:
+        chunk = sock.recv(size - got)
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
