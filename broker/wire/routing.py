@@ -5,7 +5,7 @@ binary keys: exactly Spark SQL's ``pmod(xxhash64(key), N)``, so the Python produ
 writer send every key to the same queue.
 
 ``queue_for_key`` routes one key; ``queue_ids`` a whole Arrow column of keys (NumPy for integers,
-one C call per distinct string or binary key over the column's raw buffers: no UTF-8 round trip).
+one C call per distinct string or binary key, over its bytes: no UTF-8 round trip).
 """
 
 from __future__ import annotations
@@ -97,14 +97,11 @@ def queue_ids(keys: pa.Array | pa.ChunkedArray, queue_count: int) -> np.ndarray:
 
 
 def _xxhash64(keys: pa.Array) -> np.ndarray:
-    """Spark's signed ``xxhash64`` of every value, read straight from the Arrow buffers."""
-    n = len(keys)
-    _, offsets_buf, data_buf = keys.buffers()
-    wide = pa.types.is_large_string(keys.type) or pa.types.is_large_binary(keys.type)
-    offsets = np.frombuffer(offsets_buf, dtype=np.int64 if wide else np.int32)[keys.offset : keys.offset + n + 1]
-    data = memoryview(data_buf) if data_buf is not None else memoryview(b"")
-    digest = xxhash.xxh64_intdigest
-    seed = SPARK_XXHASH_SEED
-    bounds = offsets.tolist()
-    hashes = np.fromiter((digest(data[bounds[i] : bounds[i + 1]], seed) for i in range(n)), dtype=np.uint64, count=n)
-    return hashes.view(np.int64)
+    """Spark's signed ``xxhash64`` of every value (string or binary, whose bytes are hashed as
+    they are: no UTF-8 round trip). One ``bytes`` per value: 2-3 times cheaper than slicing views
+    of the data buffer, the call to ``xxhash`` itself being some 50 ns."""
+    binary = pa.large_binary() if pa.types.is_large_string(keys.type) or pa.types.is_large_binary(keys.type) \
+        else pa.binary()
+    values = keys.cast(binary).to_pylist()
+    digest, seed = xxhash.xxh64_intdigest, SPARK_XXHASH_SEED
+    return np.fromiter((digest(value, seed) for value in values), dtype=np.uint64, count=len(values)).view(np.int64)

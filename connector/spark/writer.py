@@ -53,7 +53,7 @@ from connector.spark.connections import shared_send_port
 from connector.spark.handoff import advance_group_offsets
 from connector.spark.options import SinkOptions
 from connector.spark.sharding import queue_ids
-from connector.spark.sink_columns import SinkColumns, message_table
+from connector.spark.sink_columns import SinkColumns, message_columns, message_table
 from connector.spark.transactions import abort_all, commit_batch, task_txn_id
 
 __all__ = ["OrderlyMQStreamWriter", "OrderlyMQWriter", "SinkCommitMessage"]
@@ -116,8 +116,8 @@ class _OrderlyMQWriterMixin:
                 for batch in iterator:
                     prepared.result()
                     if batch.num_rows:
-                        for topic, queue_id, table in router.route(batch):
-                            sender.add(topic, queue_id, table)
+                        for topic, queue_id, table, size in router.route(batch):
+                            sender.add(topic, queue_id, table, size)
                 prepared.result()
             sender.flush_all()
             sender.drop_abandoned()
@@ -215,7 +215,9 @@ class _Router:
             self.counts[topic] = count
         return count
 
-    def route(self, batch: pa.RecordBatch) -> Iterator[tuple[str, int, pa.Table]]:
+    def route(self, batch: pa.RecordBatch) -> Iterator[tuple[str, int, pa.Table, int]]:
+        """The batch's messages as ``(topic, queue id, message table, its size in bytes)`` per
+        queue, each queue's in input order."""
         n = batch.num_rows
         cols = self.columns
         body = batch.column(cols.body)
@@ -244,17 +246,20 @@ class _Router:
                 rows = np.flatnonzero(pc.equal(topic_col, pa.scalar(topic, pa.string())).to_numpy(zero_copy_only=False))
                 topic_index[rows] = i
             queues[slice(None) if rows is None else rows] = self._queues(batch, rows, count, topic)
-        messages = message_table(batch, cols, codec.now_ms())
         group = topic_index * (max(self.counts.values()) + 1) + queues
+        if group.max(initial=0) < 2**15:  # a stable sort of 16-bit values is a radix sort: 4x faster
+            group = group.astype(np.int16)
         order = np.argsort(group, kind="stable")
-        ordered = messages.take(pa.array(order))
+        # Only the columns a message is made of are gathered; the rest of it is made at its size.
+        ordered = message_table(batch.select(message_columns(cols)).take(pa.array(order)), cols, codec.now_ms())
         sorted_groups = group[order]
         cuts = np.flatnonzero(np.diff(sorted_groups)) + 1
         starts = np.concatenate(([0], cuts))
         ends = np.concatenate((cuts, [n]))
-        for lo, hi in zip(starts.tolist(), ends.tolist(), strict=True):
+        sizes = _range_sizes(ordered, starts, ends)
+        for lo, hi, size in zip(starts.tolist(), ends.tolist(), sizes.tolist(), strict=True):
             first = order[lo]
-            yield topics[topic_index[first]], int(queues[first]), ordered.slice(lo, hi - lo)
+            yield topics[topic_index[first]], int(queues[first]), ordered.slice(lo, hi - lo), size
 
     def _queues(self, batch: pa.RecordBatch, rows: np.ndarray | None, count: int, topic: str) -> np.ndarray:
         cols = self.columns
@@ -306,13 +311,13 @@ class _Sender:
         self._buffered: dict[tuple[str, int], int] = {}
         self._total = 0
 
-    def add(self, topic: str, queue_id: int, table: pa.Table) -> None:
-        """Buffer a queue's rows (in order) and send them once ``maxBatchBytes`` have gathered: one
-        large send instead of one per incoming Arrow batch and queue."""
+    def add(self, topic: str, queue_id: int, table: pa.Table, size: int) -> None:
+        """Buffer a queue's rows (in order; ``size`` bytes) and send them once ``maxBatchBytes``
+        have gathered: one large send instead of one per incoming Arrow batch and queue."""
         key = (topic, queue_id)
         self._buffers.setdefault(key, []).append(table)
-        self._buffered[key] = self._buffered.get(key, 0) + table.nbytes
-        self._total += table.nbytes
+        self._buffered[key] = self._buffered.get(key, 0) + size
+        self._total += size
         if self._buffered[key] >= self.options.max_batch_bytes:
             self._flush(key)
         elif self._total >= _MAX_BUFFERED_BYTES:
@@ -324,11 +329,12 @@ class _Sender:
 
     def _flush(self, key: tuple[str, int]) -> None:
         tables = self._buffers.pop(key)
-        self._total -= self._buffered.pop(key)
-        self.send(key[0], key[1], pa.concat_tables(tables) if len(tables) > 1 else tables[0])
+        size = self._buffered.pop(key)
+        self._total -= size
+        self.send(key[0], key[1], pa.concat_tables(tables) if len(tables) > 1 else tables[0], size)
 
-    def send(self, topic: str, queue_id: int, table: pa.Table) -> None:
-        for chunk in _chunks(table, self.options.max_batch_bytes):
+    def send(self, topic: str, queue_id: int, table: pa.Table, size: int) -> None:
+        for chunk in _chunks(table, size, self.options.max_batch_bytes):
             self._send_chunk(topic, queue_id, codec.encode_parts(chunk))
             self.rows += chunk.num_rows
 
@@ -515,10 +521,25 @@ def _size(payload: _Payload) -> int:
     return sum(len(part) for part in payload)
 
 
-def _chunks(table: pa.Table, max_bytes: int) -> Iterator[pa.Table]:
-    """Consecutive slices of about ``max_bytes`` each (at least one row)."""
+def _range_sizes(table: pa.Table, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """The bytes of each row range ``starts[i]:ends[i]`` of a message table: its keys' and
+    bodies' bytes exactly (from their offsets), the other columns' by their share of rows
+    (counting a slice's bytes, ``nbytes``, walks its buffers: slow at thousands a second)."""
+    variable, variable_bytes = np.zeros(table.num_rows + 1, dtype=np.int64), 0
+    for name in ("key", "body"):
+        chunks = table.column(name)
+        column = chunks.chunk(0) if chunks.num_chunks == 1 else chunks.combine_chunks()
+        offsets = np.frombuffer(column.buffers()[1], dtype=np.int32)[column.offset:column.offset + len(column) + 1]
+        variable += offsets - offsets[0]
+        variable_bytes += int(offsets[-1] - offsets[0])
+    per_row = (table.get_total_buffer_size() - variable_bytes) / max(table.num_rows, 1)
+    return variable[ends] - variable[starts] + np.ceil((ends - starts) * per_row).astype(np.int64)
+
+
+def _chunks(table: pa.Table, size: int, max_bytes: int) -> Iterator[pa.Table]:
+    """Consecutive slices of about ``max_bytes`` each (at least one row) of ``table`` (``size`` bytes)."""
     n = table.num_rows
-    per_row = max(1, table.nbytes // max(n, 1))
+    per_row = max(1, size // max(n, 1))
     step = max(1, max_bytes // per_row)
     for lo in range(0, n, step):
         yield table.slice(lo, step)

@@ -243,3 +243,29 @@ def test_replay_is_found_after_this_process_committed_the_batch_before(broker, c
     conn.call("CommitTxn", pb.CommitTxnRequest(txn_id=elsewhere[0].parts[0][1]))
     writer.commit([_attempt(writer, 0, part0), _attempt(writer, 1, part1)], 5)
     check_routed_in_order(conn, topic_name, 2, first + part0 + part1)
+
+
+def test_routed_queues_carry_their_rows_in_order_and_their_size(broker, conn, topic_name):
+    """The router's groups: every row once, each queue's in input order, sized by their bytes (keys
+    and bodies exactly), with null properties that carry no entries to the broker."""
+    from broker.wire import codec
+    from broker.wire.routing import queue_for_key
+    from connector.spark.writer import _Router
+
+    create_topic(conn, topic_name, 4)
+    writer = _writer(broker, topic_name)
+    events = keyed_events(9, 40)
+    batch = _batch(events, pad=50)
+    groups = list(_Router(conn, writer.options, writer.columns, writer.queue_counts).route(batch))
+    assert sorted(queue for _topic, queue, _table, _size in groups) == sorted({queue for _t, queue, _, _ in groups})
+    for _topic, queue, table, size in groups:
+        mine = [e for e in events if queue_for_key(e[0], 4) == queue]
+        assert [(k, json.loads(b)["seq"]) for k, b in zip(table.column("key").to_pylist(),
+                                                          table.column("body").to_pylist(), strict=True)] == mine
+        exact = sum(len(k.encode()) + len(b) for k, b in zip(table.column("key").to_pylist(),
+                                                             table.column("body").to_pylist(), strict=True))
+        assert exact < size <= exact + 40 * table.num_rows
+        properties = table.column("properties").combine_chunks()
+        assert properties.null_count == table.num_rows and len(properties.keys) == 0
+        stored_properties = codec.decode(codec.encode(table)).column("properties").combine_chunks()
+        assert len(stored_properties.keys) == 0
