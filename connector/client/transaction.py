@@ -6,9 +6,11 @@
 
 Leaving the block normally commits; an exception aborts (nothing becomes visible) and propagates.
 Commit is idempotent on the broker (keyed by the transaction id), so it is retried while the broker
-is unreachable. A staged send is not retried: when one fails the transaction is aborted and the
-error raised, so no message can be staged twice. Within a queue, messages become visible in the
-order they were sent.
+is unreachable. So is a staged send: it carries its number in the transaction, and the broker
+stages a number once, so a send whose answer was lost (a broker restart) is sent again without
+being staged twice. A send that still fails (the broker stayed away past the producer's retry
+timeout, or a failover lost the transaction) aborts the transaction and raises. Within a queue,
+messages become visible in the order they were sent.
 
 In a cluster (docs/cluster.md) the transaction is opened on every broker group and committed on
 each in turn (by group name): each group's part is all-or-nothing, the whole is not atomic across
@@ -56,6 +58,7 @@ class Transaction:
         self.state = "NEW"
         self.count = 0
         self._groups: list[str] = []  # broker groups the transaction is open on ("": a single broker)
+        self._staged: dict[str, int] = {}  # sends staged per group: the number of the next one
 
     def begin(self) -> Transaction:
         """Open the transaction (``__enter__`` does it): on the broker, or in a cluster on every
@@ -106,15 +109,18 @@ class Transaction:
         chunks = self.producer.route(topic, messages, selector=selector, arg=arg, queue_id=queue_id)
         out: list[SendResult | None] = [None] * sum(len(c.positions) for c in chunks)
         for chunk in chunks:
-            request = encode_send_request(topic, chunk.queue_id, codec.encode_parts(chunk.table), txn_id=self.txn_id)
             group = self.producer.routes.route(topic).group_of(chunk.queue_id) if self.producer.connection.clustered() else ""
+            number = self._staged.get(group, 0)
+            request = encode_send_request(topic, chunk.queue_id, codec.encode_parts(chunk.table), txn_id=self.txn_id,
+                                          producer_id=self.txn_id, sequence=number)
             try:
                 if group not in self._groups:
                     self._open_on(group)
-                self.producer.connection.for_group(group).call("Send", request, retry=False)
+                self.producer.connection.for_group(group).call("Send", request)  # numbered: staged once
             except OrderlyMQError:
                 self._abort_quietly()
                 raise
+            self._staged[group] = number + 1
             for position in chunk.positions:
                 out[position] = SendResult(topic, chunk.queue_id, -1, 0)
             self.count += len(chunk.positions)

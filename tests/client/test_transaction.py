@@ -64,3 +64,30 @@ def test_a_finished_transaction_id_cannot_be_reused(admin, producer, topic_name)
         tx.send(topic_name, b"x", key="k")
     with pytest.raises(TransactionError, match="already COMMITTED"):
         producer.transaction("batch-7").begin()
+
+
+def test_a_transaction_rides_out_a_broker_restart(tmp_path, topic_name):
+    """The broker is killed -9 between staged sends and comes back on its port a second later: the
+    next send waits for it (numbered, it may be resent without being staged twice), and the
+    commit makes every message visible once, each key in order."""
+    import threading
+
+    from connector.client import Admin, Producer
+    from tests.faults.brokers import broker_process
+
+    proc = broker_process(tmp_path / "broker").start()
+    keys = [f"acct-{i}" for i in range(4)]
+    try:
+        with Admin(proc.address) as admin, Producer(proc.address, retry_timeout=30.0) as producer:
+            admin.create_topic(topic_name, 2)
+            tx = producer.transaction().begin()
+            for seq in range(12):
+                if seq == 6:
+                    proc.kill9()
+                    threading.Timer(1.0, proc.start).start()
+                for key in keys:
+                    tx.send(topic_name, str(seq), key=key)
+            assert tx.commit() == 12 * len(keys)
+        assert_per_key_order(read_topic(proc.address, topic_name), {key: 12 for key in keys}, 2)
+    finally:
+        proc.kill9()
