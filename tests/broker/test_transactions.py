@@ -308,6 +308,26 @@ def test_torn_last_frame_is_cut_on_load(open_manager, directory):
     assert second.prepare_commit("t") == (False, [("x", 0, b"acknowledged"), ("x", 0, b"after restart")])
 
 
+def test_numbered_send_torn_by_a_crash_is_staged_when_sent_again(open_manager, directory):
+    """The count of staged sends is rebuilt from the intact frames: the send whose frame a crash
+    tore (never acknowledged) is staged when the producer sends it again, the one before is not."""
+    first = open_manager()
+    first.begin("t")
+    assert first.stage("t", "x", 0, b"zero", sequence=0)
+    assert first.stage("t", "x", 0, b"one", sequence=1)
+    first.close()
+    [name] = staged_files(directory)
+    path = directory / "staged" / name
+    os.truncate(path, path.stat().st_size - 2)
+    second = open_manager()
+    assert second.stage("t", "x", 0, b"zero", sequence=0) is False
+    with pytest.raises(TransactionError, match="1 staged send.*number 2"):
+        second.stage("t", "x", 0, b"two", sequence=2)
+    assert second.stage("t", "x", 0, b"one", sequence=1) is True
+    assert second.stage("t", "x", 0, b"one", sequence=1) is False
+    assert second.prepare_commit("t") == (False, [("x", 0, b"zero"), ("x", 0, b"one")])
+
+
 def test_garbage_tail_is_cut_on_load(open_manager, directory):
     first = open_manager()
     first.begin("t")
