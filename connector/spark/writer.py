@@ -532,7 +532,8 @@ def _range_sizes(table: pa.Table, starts: np.ndarray, ends: np.ndarray) -> np.nd
         offsets = np.frombuffer(column.buffers()[1], dtype=np.int32)[column.offset:column.offset + len(column) + 1]
         variable += offsets - offsets[0]
         variable_bytes += int(offsets[-1] - offsets[0])
-    per_row = (table.get_total_buffer_size() - variable_bytes) / max(table.num_rows, 1)
+    # nbytes, not get_total_buffer_size: that counts a buffer shared by columns (pa.nulls's) once.
+    per_row = (table.nbytes - variable_bytes) / max(table.num_rows, 1)
     return variable[ends] - variable[starts] + np.ceil((ends - starts) * per_row).astype(np.int64)
 
 
