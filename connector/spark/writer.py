@@ -445,7 +445,6 @@ class _Part:
     def __init__(self, conn: BrokerConnection, txn_id: str, *, keep: bool) -> None:
         self.conn = conn
         self.txn_id = txn_id
-        self.keep = keep
         self.kept: list[tuple[str, int, _Payload]] | None = [] if keep else None  # staged; None: not kept
         self.sent = 0  # sends staged in it: the number of the next one
 
@@ -456,8 +455,9 @@ class _Part:
             raise TransactionError(f"transaction {self.txn_id} is {state}, expected a new OPEN transaction")
 
     def renew(self, txn_id: str, timeout_ms: int) -> None:
-        """Go on in a new transaction ``txn_id`` (begun once the group answers again), empty."""
-        self.txn_id, self.kept, self.sent = txn_id, [] if self.keep else None, 0
+        """Go on in a new transaction ``txn_id`` (begun once the group answers again), empty: only
+        a part that keeps its payloads is renewed, to stage them again."""
+        self.txn_id, self.kept, self.sent = txn_id, [], 0
         self.begin(timeout_ms)
 
     @property
