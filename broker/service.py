@@ -9,10 +9,14 @@ is split in three (``pull_queue``, the wait, ``pull_read``) so that its wait hol
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
+import os
 import shutil
 import threading
 from collections import defaultdict
+from collections.abc import Callable
+from concurrent import futures
 from pathlib import Path
 
 import pyarrow as pa
@@ -38,6 +42,11 @@ __all__ = ["BrokerService"]
 
 log = logging.getLogger(__name__)
 
+# A commit staging less than this appends its queues one after the other: a thread hand-off would
+# cost more than the append. Above it, its queues are appended side by side (the copy into the page
+# cache is most of a big commit, and an exactly-once Spark batch waits for it with idle cores).
+_PARALLEL_COMMIT_BYTES = 1 << 20
+
 
 def _require(value: str, what: str) -> str:
     if not value:
@@ -61,6 +70,8 @@ class BrokerService:
         self.locks = LockManager(data / "lock-epochs.json", lease_ms=config.lock_lease_ms)
         self.members = Membership(timeout_ms=config.consumer_timeout_ms)
         self.txns = TransactionManager(data / "txns", timeout_ms=config.txn_timeout_ms, fsync=config.flush == "sync")
+        self._commit_pool = futures.ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1),
+                                                       thread_name_prefix="orderlymq-commit")
         self.metrics = BrokerMetrics(self)
         for report in self.store.cut_reports():
             log.warning("recovered %s: cut %d damaged bytes at byte %d (%s); messages from offset %d lost",
@@ -315,17 +326,25 @@ class BrokerService:
         per_queue: dict[tuple[str, int], list[memoryview]] = defaultdict(list)
         for topic, queue_id, payload in staged:
             per_queue[(topic, queue_id)].append(payload)
-        count = 0
-        for (topic, queue_id), payloads in per_queue.items():
-            parts, rows = codec.join_records(payloads)  # staged sends are message_batch bodies, like records
-            result = self.store.queue(topic, queue_id).append(parts, rows, f"txn:{txn_id}", 0)
-            if self.cluster is not None:
-                self.cluster.stored(topic, queue_id, result.base_offset + result.count)
-            count += rows
+        appends = [functools.partial(self._append_staged, txn_id, queue, payloads)
+                   for queue, payloads in per_queue.items()]
+        if len(appends) > 1 and sum(len(payload) for _, _, payload in staged) >= _PARALLEL_COMMIT_BYTES:
+            count = sum(_all_done(self._commit_pool, appends))
+        else:
+            count = sum(append() for append in appends)
         with self._txn_changes() as record:
             self.txns.mark_committed(txn_id)
             record(pb.TxnChange(kind=pb.TxnChange.COMMIT, txn_id=txn_id))
         return False, count
+
+    def _append_staged(self, txn_id: str, queue: tuple[str, int], payloads: list[memoryview]) -> int:
+        """One queue's part of a commit; its message count."""
+        topic, queue_id = queue
+        parts, rows = codec.join_records(payloads)  # staged sends are message_batch bodies, like records
+        result = self.store.queue(topic, queue_id).append(parts, rows, f"txn:{txn_id}", 0)
+        if self.cluster is not None:
+            self.cluster.stored(topic, queue_id, result.base_offset + result.count)
+        return rows
 
     def CommitTxn(self, request):
         already, count = self._apply_commit(_require(request.txn_id, "txn_id"))
@@ -409,6 +428,7 @@ class BrokerService:
                 log.exception("housekeeping failed")
 
     def close(self) -> None:
+        self._commit_pool.shutdown()  # a commit's appends end before the store closes
         if self.cluster is not None:
             self.cluster.stop()
         self.store.flush()
@@ -417,6 +437,14 @@ class BrokerService:
         self.offsets.close()
         self.locks.close()
         self.metrics.close()
+
+
+def _all_done(pool: futures.Executor, calls: list[Callable[[], int]]) -> list[int]:
+    """Run ``calls`` on ``pool``; their results once every one has ended, or the first error (in
+    the order of ``calls``): none is left running behind an error."""
+    running = [pool.submit(call) for call in calls]
+    futures.wait(running)
+    return [future.result() for future in running]
 
 
 def _ignore(change) -> None:

@@ -189,3 +189,38 @@ def test_a_transaction_staged_across_a_full_disk_commits_exactly_what_was_acknow
     verdict = check(history.sends, deliveries)
     assert verdict.ok and verdict.lost == 0 and verdict.duplicated == 0, str(verdict)
     assert not refused & {(d.key, d.seq) for d in deliveries}
+
+
+def test_a_big_commit_cut_by_a_full_disk_completes_once_space_is_back(tmp_path):
+    """A commit of megabytes over four queues (appended side by side) on a disk without room for
+    all of them fails clearly; with space back, committing again appends what was not appended,
+    and every queue holds its staged sends once, in order, also after a restart."""
+    history, pad = History(), {"pad": "x" * 20_000, "more": "y" * 20_000}
+    with mounted_tmpfs(tmp_path / "disk", 6144) as disk:
+        proc = BrokerProcess(disk / "data", "--flush", "sync", log_path=tmp_path / "broker.log").start()
+        try:
+            with Admin(proc.address) as admin, BrokerConnection(proc.address, retry_timeout=10) as conn:
+                admin.create_topic(TOPIC, 4)
+                conn.call("BeginTxn", pb.BeginTxnRequest(txn_id="big"))
+                for seq in range(40):  # 1.6 MB
+                    key = f"k{seq % 4}"
+                    send_rows(conn, TOPIC, seq % 4, [{"key": key, "body": body(key, seq), "properties": pad}],
+                              txn_id="big")
+                    history.sent(key, seq, acked=True)
+                ballast = Ballast(disk)
+                ballast.fill(leave_bytes=900_000)
+                with pytest.raises(DiskFullError, match=f"disk full.*{disk}"):
+                    conn.call("CommitTxn", pb.CommitTxnRequest(txn_id="big"))
+                ballast.free()
+                assert conn.call("CommitTxn", pb.CommitTxnRequest(txn_id="big")).count == 40
+            for restarted in (False, True):
+                if restarted:
+                    proc.kill9()
+                    proc.start()
+                with BrokerConnection(proc.address, retry_timeout=10) as conn:
+                    deliveries = [d for queue in range(4) for d in stored(conn, queue)]
+                verdict = check(history.sends, deliveries)
+                assert verdict.ok and verdict.lost == 0 and verdict.duplicated == 0, str(verdict)
+                assert all(d.key == f"k{d.queue_id}" for d in deliveries)
+        finally:
+            proc.kill9()

@@ -232,6 +232,30 @@ def test_transactions_visibility_order_idempotence_abort(conn, topic_name):
     assert pull_all(conn, topic_name, 0).num_rows == 2
 
 
+def test_a_big_commit_appends_each_queue_its_staged_sends_once_in_order(conn, topic_name):
+    """A commit staging megabytes over many queues (appended side by side) beside plain sends:
+    every queue holds its plain sends, then its staged ones in send order, each once; a replayed
+    commit adds nothing."""
+    queues, body = 6, b"x" * 20_000
+    create(conn, topic_name, queues)
+    conn.call("BeginTxn", pb.BeginTxnRequest(txn_id="big"))
+    expected = defaultdict(list)
+    for n in range(120):  # 2.4 MB, interleaved over the queues
+        queue = n * 7 % queues
+        if n % 10 == 0:
+            send_rows(conn, topic_name, queue, [{"key": f"plain-{n}", "body": b"plain"}])
+            expected[queue].insert(sum(k.startswith("plain") for k in expected[queue]), f"plain-{n}")
+        send_rows(conn, topic_name, queue, [{"key": f"q{queue}-{n}", "body": body}, {"key": f"q{queue}-{n}b", "body": b"s"}],
+                  txn_id="big")
+        expected[queue] += [f"q{queue}-{n}", f"q{queue}-{n}b"]
+    assert conn.call("CommitTxn", pb.CommitTxnRequest(txn_id="big")).count == 240
+    assert conn.call("CommitTxn", pb.CommitTxnRequest(txn_id="big")).already_committed
+    for queue in range(queues):
+        stored = pull_all(conn, topic_name, queue)
+        assert stored.column("key").to_pylist() == expected[queue]
+        assert stored.column("queue_offset").to_pylist() == list(range(len(expected[queue])))
+
+
 def test_abandoned_transaction_aborts_after_timeout(broker_factory, topic_name):
     broker = broker_factory(txn_timeout_ms=300, flush_interval_ms=50)
     conn = BrokerConnection(broker.address, retry_timeout=2)
