@@ -33,9 +33,9 @@ group's master holds its own transactions: a task's transaction has one part per
 to, and the plan lists ``(partition, broker group, transaction id)`` for every part. Committed,
 replayed and substituted part by part, the plan is made visible exactly on every group (a
 ``CommitTxn`` of a committed id is a no-op on its group; a part aborted by timeout is replaced
-by the replay's part of the same partition and group). The parts of a batch are committed one
-after the other, so a reader may see some groups' parts of a batch before the others', as
-within one broker it may see some partitions' before the others'.
+by the replay's part of the same partition and group). Each group's parts are committed in
+partition order and the groups side by side, so a reader may see some groups' parts of a batch
+before the others', as within one broker it may see some partitions' before the others'.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ from broker.wire.errors import (
 )
 from connector.client.connection import pb
 from connector.client.routed import RoutedConnection
-from connector.spark.metadata import Connection, at_once, group_connection
+from connector.spark.metadata import Connection, at_once, each_concurrently, group_connection
 
 __all__ = ["SINK_LOG_TOPIC", "abort_all", "commit_batch", "task_txn_id"]
 
@@ -133,28 +133,17 @@ def commit_batch(
         plan, position = found
         log.info("batch %d of query %s was planned before (replay): committing that plan", batch_id, query_id)
     mine = {(partition, group): txn_id for partition, group, txn_id in txns}
-    committed, used = 0, set()
+    per_group: dict[str, list[tuple[int, str]]] = {}
     for partition, group, txn_id in plan:
-        try:
-            committed += _commit(conn, group, txn_id)
-            used.add((group, txn_id))
-        except TransactionError:
-            substitute = mine.get((partition, group))
-            if substitute is None:
-                raise TransactionError(
-                    f"batch {batch_id} of query {query_id}: planned transaction {txn_id} of partition {partition} "
-                    f"{_on_group(group)}was aborted by the broker before it could be committed, and this run has no "
-                    "rows for that partition there to replace it; the input is not replayable. Rerun with a new "
-                    "checkpointLocation"
-                ) from None
-            log.warning(
-                "planned transaction %s %swas aborted by the broker; committing %s (same partition, same rows)",
-                txn_id,
-                _on_group(group),
-                substitute,
-            )
-            committed += _commit(conn, group, substitute)
-            used.add((group, substitute))
+        per_group.setdefault(group, []).append((partition, txn_id))
+
+    def commit_group(group: str) -> list[tuple[str, int, str]]:  # (group, rows, transaction committed) per part
+        return [(group, *_commit_part(conn, query_id, batch_id, group, partition, txn_id, mine.get((partition, group))))
+                for partition, txn_id in per_group[group]]
+
+    done = [part for parts in each_concurrently(commit_group, list(per_group)) for part in parts]
+    committed = sum(rows for _, rows, _ in done)
+    used = {(group, txn_id) for group, _, txn_id in done}
     abort_all(conn, [(group, txn_id) for _, group, txn_id in txns if (group, txn_id) not in used])
     # Batches before this one can no longer be replayed (Spark recorded them as done before it
     # started this one); this one can, until Spark records it: later lookups start at its plan.
@@ -166,6 +155,25 @@ def commit_batch(
 
     at_once(*([record_position] if then is None else [record_position, then]))
     return committed
+
+
+def _commit_part(conn: Connection, query_id: str, batch_id: int, group: str, partition: int, txn_id: str,
+                 substitute: str | None) -> tuple[int, str]:
+    """Commit one planned part; if the broker aborted it, this run's part of the same partition
+    and group (the same rows) instead. The rows made visible, and the transaction committed."""
+    try:
+        return _commit(conn, group, txn_id), txn_id
+    except TransactionError:
+        if substitute is None:
+            raise TransactionError(
+                f"batch {batch_id} of query {query_id}: planned transaction {txn_id} of partition {partition} "
+                f"{_on_group(group)}was aborted by the broker before it could be committed, and this run has no "
+                "rows for that partition there to replace it; the input is not replayable. Rerun with a new "
+                "checkpointLocation"
+            ) from None
+    log.warning("planned transaction %s %swas aborted by the broker; committing %s (same partition, same rows)",
+                txn_id, _on_group(group), substitute)
+    return _commit(conn, group, substitute), substitute
 
 
 def _position_key(conn: Connection, query_id: str) -> tuple[str, str]:
