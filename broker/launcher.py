@@ -22,6 +22,7 @@ class BrokerProcess:
         self.args = list(args)
         self.port = port
         self.proc: subprocess.Popen | None = None
+        self.code_dir = Path(__file__).resolve().parent.parent  # where ``python -m broker`` runs from
         self.log_path = Path(log_path) if log_path else self.data_dir.parent / f"{self.data_dir.name}-broker.log"
 
     @property
@@ -40,7 +41,7 @@ class BrokerProcess:
                "--port-file", str(port_file), *self.args]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                         cwd=Path(__file__).resolve().parent.parent)
+                                         cwd=self.code_dir)
         deadline = time.monotonic() + timeout
         while not port_file.exists():
             if self.proc.poll() is not None:

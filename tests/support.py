@@ -2,17 +2,40 @@
 
 from __future__ import annotations
 
+import io
+import subprocess
+import tarfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 import pyarrow as pa
 
-from broker.launcher import BrokerProcess  # noqa: F401 - re-exported for tests
+from broker.launcher import BrokerProcess
 from broker.wire import codec
 from connector.client.connection import BrokerConnection, pb
 
 T = TypeVar("T")
+
+ROOT = Path(__file__).resolve().parent.parent
+# The last broker before staged sends were numbered in their transaction (BeginTxnResponse.numbers_sends).
+BROKER_BEFORE_NUMBERED_STAGING = "ca05a6aa9143a5c966fa0d476ead4bc93edbc989"
+
+
+def older_broker(directory: Path, revision: str) -> BrokerProcess:
+    """A broker process (not started) running ``broker/`` as it was at ``revision`` of this
+    repository, with its data in ``directory``: the older broker of a connector upgraded first."""
+    code = directory / f"code-{revision[:12]}"
+    archived = subprocess.run(["git", "-C", str(ROOT), "archive", revision, "broker"], capture_output=True, check=False)
+    if archived.returncode:
+        raise RuntimeError(f"cannot read the broker of revision {revision} from {ROOT}'s history "
+                           f"(a clone without --depth has it): {archived.stderr.decode().strip()}")
+    with tarfile.open(fileobj=io.BytesIO(archived.stdout)) as archive:
+        archive.extractall(code, filter="data")
+    broker = BrokerProcess(directory / "data", log_path=directory / "broker.log")
+    broker.code_dir = code
+    return broker
 
 
 def wait_until(predicate: Callable[[], T], timeout: float = 30.0, interval: float = 0.05) -> T:

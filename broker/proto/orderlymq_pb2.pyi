@@ -435,10 +435,12 @@ class BeginTxnRequest(_message.Message):
     def __init__(self, txn_id: _Optional[str] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
 
 class BeginTxnResponse(_message.Message):
-    __slots__ = ("state",)
+    __slots__ = ("state", "numbers_sends")
     STATE_FIELD_NUMBER: _ClassVar[int]
+    NUMBERS_SENDS_FIELD_NUMBER: _ClassVar[int]
     state: str
-    def __init__(self, state: _Optional[str] = ...) -> None: ...
+    numbers_sends: bool
+    def __init__(self, state: _Optional[str] = ..., numbers_sends: _Optional[bool] = ...) -> None: ...
 
 class CommitTxnRequest(_message.Message):
     __slots__ = ("txn_id",)

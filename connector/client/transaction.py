@@ -8,7 +8,8 @@ Leaving the block normally commits; an exception aborts (nothing becomes visible
 Commit is idempotent on the broker (keyed by the transaction id), so it is retried while the broker
 is unreachable. So is a staged send: it carries its number in the transaction, and the broker
 stages a number once, so a send whose answer was lost (a broker restart) is sent again without
-being staged twice. A send that still fails (the broker stayed away past the producer's retry
+being staged twice (a broker older than numbering says so when the transaction begins: its sends
+are not sent again). A send that still fails (the broker stayed away past the producer's retry
 timeout, or a failover lost the transaction) aborts the transaction and raises. Within a queue,
 messages become visible in the order they were sent.
 
@@ -59,6 +60,7 @@ class Transaction:
         self.count = 0
         self._groups: list[str] = []  # broker groups the transaction is open on ("": a single broker)
         self._staged: dict[str, int] = {}  # sends staged per group: the number of the next one
+        self._numbered: dict[str, bool] = {}  # per group: whether its broker stages a number once
 
     def begin(self) -> Transaction:
         """Open the transaction (``__enter__`` does it): on the broker, or in a cluster on every
@@ -74,6 +76,7 @@ class Transaction:
         if response.state != "OPEN":
             raise TransactionError(f"transaction {self.txn_id!r} is already {response.state}; use a new id")
         self._groups.append(group)
+        self._numbered[group] = response.numbers_sends
 
     def _require_open(self) -> None:
         if self.state != "OPEN":
@@ -116,7 +119,9 @@ class Transaction:
             try:
                 if group not in self._groups:
                     self._open_on(group)
-                self.producer.connection.for_group(group).call("Send", request)  # numbered: staged once
+                # Numbered, staged once: sent again while the broker does not answer, unless it is
+                # older than numbering (it would stage the send twice).
+                self.producer.connection.for_group(group).call("Send", request, retry=self._numbered[group])
             except OrderlyMQError:
                 self._abort_quietly()
                 raise

@@ -369,7 +369,9 @@ class _StagingSender(_Sender):
     master, into which everything the task staged on that group is staged again, in order. That
     needs a cluster's staged payloads kept until the task ends (up to ``_MAX_RESTAGE_BYTES`` per
     task; past it such a failover fails the task, and Spark's retry stages it anew). A single
-    broker's are not kept: nothing else could take its part over.
+    broker's are not kept: nothing else could take its part over. A broker older than numbering
+    (``_Part.numbered``) would stage a resent send twice: a part there keeps its payloads too,
+    and a send whose answer is lost is staged again, with them, in a new transaction.
     """
 
     def __init__(self, conn: RoutedConnection, options: SinkOptions, txn_id: str) -> None:
@@ -447,12 +449,18 @@ class _Part:
         self.txn_id = txn_id
         self.kept: list[tuple[str, int, _Payload]] | None = [] if keep else None  # staged; None: not kept
         self.sent = 0  # sends staged in it: the number of the next one
+        self.numbered = True  # whether its broker stages a numbered send once (one older than that does not)
 
     def begin(self, timeout_ms: int) -> None:
         request = pb.BeginTxnRequest(txn_id=self.txn_id, timeout_ms=timeout_ms)
-        state = self.conn.call("BeginTxn", request).state
-        if state != "OPEN":
-            raise TransactionError(f"transaction {self.txn_id} is {state}, expected a new OPEN transaction")
+        response = self.conn.call("BeginTxn", request)
+        if response.state != "OPEN":
+            raise TransactionError(f"transaction {self.txn_id} is {response.state}, expected a new OPEN transaction")
+        self.numbered = response.numbers_sends
+        if not self.numbered and self.kept is None:
+            # A send whose answer is lost cannot be sent again into this part: it is staged again,
+            # with everything before it, in a new one.
+            self.kept = []
 
     def renew(self, txn_id: str, timeout_ms: int) -> None:
         """Go on in a new transaction ``txn_id`` (begun once the group answers again), empty: only
@@ -466,18 +474,23 @@ class _Part:
         return self.sent > 0
 
     def stage(self, topic: str, queue_id: int, payload: _Payload) -> None:
-        """Stage one send, numbered in the part: sent again until an answer comes, it is staged once.
+        """Stage one send, numbered in the part: sent again until an answer comes, it is staged once
+        (sent once to a broker older than numbering).
 
         Raises
         ------
         BrokerUnavailableError
-            No answer until the connection's retry timeout: it may or may not have been staged.
+            No answer (until the connection's retry timeout where it is sent again): it may or may
+            not have been staged.
         TransactionError
             The broker no longer has the part, or not all of it (lost in a failover).
         """
         parts = send_request_parts(topic, queue_id, payload, txn_id=self.txn_id, producer_id=self.txn_id,
                                    sequence=self.sent)
-        _send_idempotent(self.conn, self.conn, topic, queue_id, parts)
+        if self.numbered:
+            _send_idempotent(self.conn, self.conn, topic, queue_id, parts)
+        else:
+            _send_once(self.conn, topic, queue_id, parts)
         self.sent += 1
 
 
@@ -500,6 +513,25 @@ def _send_idempotent(port_conn: BrokerConnection, conn: BrokerConnection | Route
         answer = None  # gRPC's call retries a broker that is down or not the master
     if answer is None:
         conn.call("Send", EncodedSend(topic, queue_id, b"".join(parts)))
+
+
+def _send_once(conn: BrokerConnection, topic: str, queue_id: int, parts: _Payload) -> None:
+    """Send the request whose bytes are ``parts`` once: over the lean port of ``conn``'s broker
+    where it serves one, else over gRPC.
+
+    Raises
+    ------
+    BrokerUnavailableError
+        No answer: the request may or may not have been stored or staged.
+    """
+    try:
+        answer = _send_by_port(conn, parts)
+    except SendPortFailure as exc:
+        raise BrokerUnavailableError(f"the lean port of broker {conn.address} failed a send ({exc})") from None
+    if answer is None:
+        conn.call("Send", EncodedSend(topic, queue_id, b"".join(parts)), retry=False)
+    elif answer.error_code:
+        raise from_answer(answer.error_code, answer.error_message, answer.error_kind)
 
 
 def _send_by_port(conn: BrokerConnection, parts: _Payload) -> pb.SendResponse | None:

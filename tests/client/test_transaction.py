@@ -66,6 +66,34 @@ def test_a_finished_transaction_id_cannot_be_reused(admin, producer, topic_name)
         producer.transaction("batch-7").begin()
 
 
+def test_a_broker_older_than_numbering_gets_no_staged_send_twice(tmp_path, topic_name):
+    """A broker from before numbered staging ignores the numbers, so a resent staged send would be
+    staged twice: it says so when the transaction begins, and a send it does not answer (killed -9,
+    back a second later) fails the transaction instead of being sent again."""
+    import threading
+
+    from connector.client import Admin, Producer
+    from connector.errors import BrokerUnavailableError
+    from tests.support import BROKER_BEFORE_NUMBERED_STAGING, older_broker
+
+    proc = older_broker(tmp_path, BROKER_BEFORE_NUMBERED_STAGING).start()
+    try:
+        with Admin(proc.address) as admin, Producer(proc.address, retry_timeout=30.0) as producer:
+            admin.create_topic(topic_name, 2)
+            tx = producer.transaction().begin()
+            tx.send(topic_name, "0", key="acct-0")
+            proc.kill9()
+            restart = threading.Timer(1.0, proc.start)
+            restart.start()
+            with pytest.raises(BrokerUnavailableError):
+                tx.send(topic_name, "1", key="acct-0")
+            assert tx.state == "ABORTED"
+            restart.join()
+        assert read_topic(proc.address, topic_name) == {0: [], 1: []}
+    finally:
+        proc.kill9()
+
+
 def test_a_transaction_rides_out_a_broker_restart(tmp_path, topic_name):
     """The broker is killed -9 between staged sends and comes back on its port a second later: the
     next send waits for it (numbered, it may be resent without being staged twice), and the

@@ -147,6 +147,35 @@ def test_a_task_whose_lean_port_closes_sends_on_over_grpc(broker_factory, topic_
     assert _rpcs(broker, "SendPort") >= 8 and _rpcs(broker, "Send") >= 8
 
 
+def test_a_task_stages_again_in_a_new_transaction_on_a_broker_older_than_numbering(tmp_path, topic_name):
+    """A broker from before numbered staging would stage a resent send twice. Killed -9 between a
+    task's sends and back, it cannot be sent the lost send again: the task stages everything again
+    in a new transaction (``<id>.r1``) and the old one is never committed; every row once, in order."""
+    from connector.client.connection import BrokerConnection
+    from tests.support import BROKER_BEFORE_NUMBERED_STAGING, older_broker
+
+    broker = older_broker(tmp_path, BROKER_BEFORE_NUMBERED_STAGING).start()
+    events = keyed_events(4, 30)
+    try:
+        with BrokerConnection(broker.address) as conn:
+            create_topic(conn, topic_name, 2)
+            writer = _writer(broker, topic_name, maxBatchBytes="1024")
+
+            def batches():
+                for start in range(0, len(events), 10):  # each batch fills every queue's 1024 bytes: a send each
+                    if start == 50:
+                        broker.kill9()
+                        broker.start()
+                    yield _batch(events[start:start + 10], pad=200)
+
+            message = writer.write(batches())
+            assert [txn_id.rsplit("/", 1)[1].endswith(".r1") for _group, txn_id in message.parts] == [True]
+            writer.commit([message], 0)
+            check_routed_in_order(conn, topic_name, 2, events)
+    finally:
+        broker.kill9()
+
+
 def test_commit_replay_in_process(broker, conn, topic_name):
     """``commit`` of one batch id twice (new attempts, new transactions) makes each row visible once."""
     create_topic(conn, topic_name, 2)
