@@ -27,7 +27,10 @@ def older_broker(directory: Path, revision: str) -> BrokerProcess:
     """A broker process (not started) running ``broker/`` as it was at ``revision`` of this
     repository, with its data in ``directory``: the older broker of a connector upgraded first."""
     code = directory / f"code-{revision[:12]}"
-    archived = subprocess.run(["git", "-C", str(ROOT), "archive", revision, "broker"], capture_output=True, check=False)
+    git = ["git", "-C", str(ROOT)]
+    if subprocess.run([*git, "cat-file", "-e", f"{revision}^{{commit}}"], capture_output=True).returncode:
+        subprocess.run([*git, "fetch", "--quiet", "--unshallow"], capture_output=True)  # a shallow clone
+    archived = subprocess.run([*git, "archive", revision, "broker"], capture_output=True, check=False)
     if archived.returncode:
         raise RuntimeError(f"cannot read the broker of revision {revision} from {ROOT}'s history "
                            f"(a clone without --depth has it): {archived.stderr.decode().strip()}")
