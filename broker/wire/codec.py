@@ -76,6 +76,9 @@ _KNOWN_SCHEMAS = ((MESSAGE_SCHEMA, MESSAGE_SCHEMA_IPC), (STORED_SCHEMA, STORED_S
                   (COMPACTED_SCHEMA, COMPACTED_SCHEMA_IPC))
 _LONGEST_SCHEMA_IPC = max(len(message) for _schema, message in _KNOWN_SCHEMAS)
 END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+# Consecutive stored bodies under this size are read as one stream (one decode in C++, not one per
+# record); bigger ones are decoded one by one, in place.
+_JOINED_BODY_BYTES = 64 * 1024
 
 
 def encode(data: pa.RecordBatch | pa.Table) -> bytes:
@@ -433,13 +436,14 @@ def decode_stamped_records(bodies: Sequence[bytes], store_timestamps: Sequence[i
 
 
 def _decoded_runs(bodies: Sequence[bytes]) -> list[tuple[bool, slice, pa.Table]]:
-    """Runs of consecutive bodies of one layout, each decoded at once: (compacted, the run's
-    records, their table; compacted runs keep their store_timestamp column)."""
+    """Runs of consecutive small bodies of one layout, each decoded at once: (compacted, the run's
+    records, their table; compacted runs keep their store_timestamp column). A body of
+    ``_JOINED_BODY_BYTES`` or more is a run of its own, decoded in place: joined, it would be copied."""
     runs, start = [], 0
     while start < len(bodies):
         prefix = next((p for p in (MESSAGE_SCHEMA_IPC, COMPACTED_SCHEMA_IPC) if bodies[start].startswith(p)), None)
-        end = start + 1
-        while prefix is not None and end < len(bodies) and bodies[end].startswith(prefix):
+        end, joinable = start + 1, prefix is not None and len(bodies[start]) < _JOINED_BODY_BYTES
+        while joinable and end < len(bodies) and len(bodies[end]) < _JOINED_BODY_BYTES and bodies[end].startswith(prefix):
             end += 1
         if prefix is not None and end - start > 1:
             messages = (memoryview(body)[len(prefix):-len(END_OF_STREAM)] for body in bodies[start:end])

@@ -34,3 +34,18 @@ def test_a_body_in_another_layout_is_re_encoded():
     parts, count = codec.join_records([_body([{"key": "j", "body": b"y"}]), with_store_columns])
     assert count == 2
     assert codec.decode_records([b"".join(parts)]).column("body").to_pylist() == [b"y", b"x"]
+
+
+def test_big_and_small_bodies_decode_in_order_with_their_stamps():
+    """Small consecutive bodies are read as one stream, big ones each in place: either way every
+    message comes back once, in record order, with its record's store timestamp."""
+    big = "x" * 70_000  # over the size under which consecutive bodies are joined
+    layout = [("s", 1), ("s", 2), (big, 1), (big, 3), ("s", 2), (big, 1), ("s", 1)]
+    bodies, expected = [], []
+    for record, (body, count) in enumerate(layout):
+        bodies.append(_body([{"key": f"r{record}-{i}", "body": body} for i in range(count)]))
+        expected += [(f"r{record}-{i}", 1_000 + record) for i in range(count)]
+    table, stamps = codec.decode_stamped_records(bodies, [1_000 + r for r in range(len(layout))],
+                                                  [count for _, count in layout])
+    assert list(zip(table.column("key").to_pylist(), stamps.tolist(), strict=True)) == expected
+    assert table.column("body").to_pylist() == [body.encode() for body, count in layout for _ in range(count)]
