@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import os
 import shutil
 import threading
 from collections import defaultdict
@@ -70,8 +69,8 @@ class BrokerService:
         self.locks = LockManager(data / "lock-epochs.json", lease_ms=config.lock_lease_ms)
         self.members = Membership(timeout_ms=config.consumer_timeout_ms)
         self.txns = TransactionManager(data / "txns", timeout_ms=config.txn_timeout_ms, fsync=config.flush == "sync")
-        self._commit_pool = futures.ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1),
-                                                       thread_name_prefix="orderlymq-commit")
+        # Not one per core: an append of a broker group's master also waits for its slaves.
+        self._commit_pool = futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="orderlymq-commit")
         self.metrics = BrokerMetrics(self)
         for report in self.store.cut_reports():
             log.warning("recovered %s: cut %d damaged bytes at byte %d (%s); messages from offset %d lost",
