@@ -1,7 +1,8 @@
 """Cluster scenario: transactions survive a failover.
 
 In a group of two (sync replication, ``min_sync_replicas = 2``) a producer commits one
-transaction and leaves a second one open with sends staged; the master is then killed. On the new
+transaction of over a megabyte (its queues are appended side by side, each append waiting for the
+slave) and leaves a second one open with sends staged; the master is then killed. On the new
 master the first is known as committed (a replayed commit stores nothing again) and the second
 is still open with everything it staged: committed there, its messages become visible once. The
 log, read back, is judged by the strict checker against every send.
@@ -16,12 +17,13 @@ from tests.faults.workload import body, stored_deliveries
 
 TOPIC, QUEUES = "orders", 2
 KEYS, PER_TXN = ["a", "b", "c"], 30
+BIG = {"pad": "x" * 20_000, "more": "y" * 20_000}  # 30 sends of it: 1.2 MB
 
 
-def _stage(tx, history: History, seqs: dict[str, int]) -> None:
+def _stage(tx, history: History, seqs: dict[str, int], properties: dict[str, str] | None = None) -> None:
     for i in range(PER_TXN):
         key = KEYS[i % len(KEYS)]
-        tx.send(TOPIC, body(key, seqs[key]), key=key)
+        tx.send(TOPIC, body(key, seqs[key]), key=key, properties=properties)
         seqs[key] += 1
 
 
@@ -33,7 +35,7 @@ def test_committed_and_open_transactions_survive_a_failover(broker_group, fault_
     history, seqs = History(), dict.fromkeys(KEYS, 0)
     with Producer(group.addresses) as producer:
         first = producer.transaction("txn-committed").begin()
-        _stage(first, history, seqs)
+        _stage(first, history, seqs, BIG)
         first.commit()
         second = producer.transaction("txn-open").begin()
         _stage(second, history, seqs)
