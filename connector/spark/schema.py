@@ -64,15 +64,12 @@ def to_spark_batch(table: pa.Table, target: pa.Schema, *, topic: str, broker: st
     """Conform a pulled ``STORED_SCHEMA`` table to ``target`` (a projection of ``source_schema``)."""
     n = table.num_rows
     pulled = table.combine_chunks()  # one chunk per column, copying none that has one already (a pull's usual)
-    constant = {
-        "topic": pa.repeat(pa.scalar(topic, pa.string()), n),
-        "broker": pa.repeat(pa.scalar(broker, pa.string()), n),
-        "queue_id": pa.repeat(pa.scalar(queue_id, pa.int32()), n),
-    }
+    constant = {"topic": pa.scalar(topic, pa.string()), "broker": pa.scalar(broker, pa.string()),
+                "queue_id": pa.scalar(queue_id, pa.int32())}
     arrays = []
     for f in target:
-        if f.name in constant:
-            arrays.append(constant[f.name])
+        if f.name in constant:  # built only when selected: a repeated string costs as much as the other columns
+            arrays.append(pa.repeat(constant[f.name], n))
             continue
         chunks = pulled.column(f.name)  # a column's own combine_chunks would copy even a single chunk
         column = chunks.chunk(0) if chunks.num_chunks == 1 else chunks.combine_chunks()
