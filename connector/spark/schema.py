@@ -20,7 +20,9 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-__all__ = ["SOURCE_COLUMNS", "arrow_schema", "source_schema", "to_spark_batch"]
+from broker.wire.errors import InvalidOptionError
+
+__all__ = ["SOURCE_COLUMNS", "arrow_schema", "checked_schema", "source_schema", "to_spark_batch"]
 
 SOURCE_COLUMNS = (
     "topic",
@@ -53,6 +55,22 @@ def source_schema(include_properties: bool = True) -> StructType:
     if not include_properties:
         fields = [f for f in fields if f.name != "properties"]
     return StructType(fields)
+
+
+def checked_schema(schema: StructType) -> StructType:
+    """A schema the reader was given (``spark.read.schema(...)``): any of the source's columns, in
+    any order, each of its type (a read then builds only those). ``InvalidOptionError`` naming a
+    column that is not one, or is typed otherwise."""
+    types = {f.name: f.dataType for f in source_schema()}
+    for f in schema:
+        if f.name not in types:
+            raise InvalidOptionError(f"the schema given to the orderlymq source has a column {f.name!r}, which it does "
+                                     f"not read; its columns are {', '.join(SOURCE_COLUMNS)}")
+        if f.dataType != types[f.name]:
+            raise InvalidOptionError(
+                f"the schema given to the orderlymq source types column {f.name!r} as {f.dataType.simpleString()}; "
+                f"the source reads it as {types[f.name].simpleString()}: declare that, and cast it in the query")
+    return schema
 
 
 def arrow_schema(schema: StructType) -> pa.Schema:

@@ -22,7 +22,7 @@ from connector.spark import metadata
 from connector.spark.batch_reader import OrderlyMQBatchReader
 from connector.spark.connections import shared_connection
 from connector.spark.options import SinkOptions, SourceOptions
-from connector.spark.schema import source_schema
+from connector.spark.schema import checked_schema, source_schema
 from connector.spark.sink_columns import SinkColumns
 from connector.spark.stream_reader import OrderlyMQStreamReader
 from connector.spark.writer import OrderlyMQStreamWriter, OrderlyMQWriter
@@ -76,10 +76,10 @@ class OrderlyMQDataSource(DataSource):
         return source_schema(include_properties=value not in ("false", "0", "no"))
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return OrderlyMQBatchReader(SourceOptions.from_options(self.options, streaming=False), schema)
+        return OrderlyMQBatchReader(SourceOptions.from_options(self.options, streaming=False), checked_schema(schema))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return OrderlyMQStreamReader(SourceOptions.from_options(self.options, streaming=True), schema)
+        return OrderlyMQStreamReader(SourceOptions.from_options(self.options, streaming=True), checked_schema(schema))
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         options, columns = _plan_write(self.options, schema)

@@ -37,6 +37,24 @@ def test_batch_read_whole_topic_in_queue_order(ospark, broker, conn, topic_name)
     assert "properties" not in lean.columns and lean.count() == len(events) + 1
 
 
+def test_a_given_schema_reads_those_columns_and_a_wrong_one_fails_clearly(ospark, broker, conn, topic_name):
+    create_topic(conn, topic_name, 3)
+    events = keyed_events(6, 4)
+    produce(conn, topic_name, 3, events)
+
+    def load(schema: str):
+        return (ospark.read.format("orderlymq").schema(schema).option("brokers", broker.address)
+                .option("topic", topic_name).load())
+
+    rows = load("body binary, queue_id int, key string, queue_offset long").collect()
+    assert list(rows[0].asDict()) == ["body", "queue_id", "key", "queue_offset"]
+    assert_delivered(events, row_events(rows))
+    with pytest.raises(Exception, match=r"has a column 'colour', which it does not read; its columns are topic, "):
+        load("key string, colour string").collect()
+    with pytest.raises(Exception, match=r"types column 'body' as string; the source reads it as binary"):
+        load("key string, body string").collect()
+
+
 def _pulls(broker, method: str) -> float:
     return broker.service.metrics.registry.get_sample_value(
         "orderlymq_rpc_duration_seconds_count", {"method": method}) or 0
