@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import gc
 import logging
 import resource
 import signal
@@ -98,6 +99,21 @@ def _keep_freed_memory() -> None:
     mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD)
 
 
+def _collect_old_garbage_rarely() -> None:
+    """Run the cycle collector's full collections a tenth as often as Python does by default.
+
+    A broker keeps objects per client (streams, long polls, connections). With thousands of clients
+    a full collection walks all of them and stops the event loop meanwhile: while 4,000 send
+    streams and 4,000 long polls connected, Python's default thresholds ran 8 full collections of
+    13-300 ms each. With one full collection per 100 of the middle generation instead of 10, the
+    same run had one, of 8 ms. Young objects are collected as often as before, and a full
+    collection still comes once enough objects were promoted, so cyclic garbage is freed later,
+    not never.
+    """
+    young, middle, _old = gc.get_threshold()
+    gc.set_threshold(young, middle, 100)
+
+
 def _raise_open_file_limit() -> None:
     """Each written queue keeps its segment files open: allow as many as the hard limit does."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -120,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(config.log_level, config.log_format)
     _raise_open_file_limit()
     _keep_freed_memory()
+    _collect_old_garbage_rarely()
     from broker.server import start_broker
 
     try:
