@@ -106,7 +106,7 @@ def _collect_old_garbage_rarely() -> None:
     a full collection walks all of them and stops the event loop meanwhile: while 4,000 send
     streams and 4,000 long polls connected, Python's default thresholds ran 8 full collections of
     13-300 ms each. With one full collection per 100 of the middle generation instead of 10, the
-    same run had one, of 8 ms. Young objects are collected as often as before, and a full
+    same runs had one, of 8-57 ms. Young objects are collected as often as before, and a full
     collection still comes once enough objects were promoted, so cyclic garbage is freed later,
     not never.
     """
