@@ -124,13 +124,18 @@ class GroupControl:
         log.info("ZooKeeper session %s", state)
         self.on_change()
 
-    def renew_if_lost(self) -> bool:
-        """Register again after a lost session; True if the session had been lost."""
+    @property
+    def session_lost(self) -> bool:
+        """Whether ZooKeeper expired this broker's session and it did not register again since."""
+        return self._session_lost.is_set()
+
+    def renew_if_lost(self) -> None:
+        """Register again after a lost session, once connected with a new one. From then on the
+        new session's heartbeats count for ``session_alive_until``: a master steps down first."""
         if not self._session_lost.is_set() or not self.connected:
-            return False
+            return
         self._session_lost.clear()
         self.register()
-        return True
 
     def register(self) -> None:
         path = f"{self.root}/members/{self.broker_id}"
