@@ -134,8 +134,8 @@ class GroupControl:
         new session's heartbeats count for ``session_alive_until``: a master steps down first."""
         if not self._session_lost.is_set() or not self.connected:
             return
-        self._session_lost.clear()
         self.register()
+        self._session_lost.clear()  # only once registered: a failed registration is tried again
 
     def register(self) -> None:
         path = f"{self.root}/members/{self.broker_id}"
