@@ -58,9 +58,10 @@ class Transaction:
         self.timeout_ms = timeout_ms
         self.state = "NEW"
         self.count = 0
-        self._groups: list[str] = []  # broker groups the transaction is open on ("": a single broker)
+        # Broker groups the transaction is open on ("": a single broker), each with whether its
+        # broker stages a numbered send once (one older than numbering does not).
+        self._groups: dict[str, bool] = {}
         self._staged: dict[str, int] = {}  # sends staged per group: the number of the next one
-        self._numbered: dict[str, bool] = {}  # per group: whether its broker stages a number once
 
     def begin(self) -> Transaction:
         """Open the transaction (``__enter__`` does it): on the broker, or in a cluster on every
@@ -75,8 +76,7 @@ class Transaction:
         response = self.producer.connection.for_group(group).call("BeginTxn", request)
         if response.state != "OPEN":
             raise TransactionError(f"transaction {self.txn_id!r} is already {response.state}; use a new id")
-        self._groups.append(group)
-        self._numbered[group] = response.numbers_sends
+        self._groups[group] = response.numbers_sends
 
     def _require_open(self) -> None:
         if self.state != "OPEN":
@@ -121,7 +121,7 @@ class Transaction:
                     self._open_on(group)
                 # Numbered, staged once: sent again while the broker does not answer, unless it is
                 # older than numbering (it would stage the send twice).
-                self.producer.connection.for_group(group).call("Send", request, retry=self._numbered[group])
+                self.producer.connection.for_group(group).call("Send", request, retry=self._groups[group])
             except OrderlyMQError:
                 self._abort_quietly()
                 raise
