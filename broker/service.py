@@ -314,7 +314,7 @@ class BrokerService:
         with self._txn_changes() as record:
             state = self.txns.begin(request.txn_id, request.timeout_ms)
             record(pb.TxnChange(kind=pb.TxnChange.BEGIN, txn_id=request.txn_id, timeout_ms=request.timeout_ms))
-        return pb.BeginTxnResponse(state=state, numbers_sends=True)
+        return pb.BeginTxnResponse(state=state, numbers_sends=True, timeout_ms=self.txns.timeout_ms(request.txn_id))
 
     def _apply_commit(self, txn_id: str) -> tuple[bool, int]:
         """Append a transaction's staged batches: one record per queue, in send order. Appends

@@ -138,11 +138,15 @@ class TransactionManager:
     def begin(self, txn_id: str, timeout_ms: int = 0) -> str:
         """Open ``txn_id`` (``timeout_ms`` 0: the default), or report the state of an existing id.
 
+        Begun again while OPEN, a transaction's activity is refreshed and, with ``timeout_ms``, its
+        timeout set: a producer keeps a transaction alive while it waits between sends, and gives
+        one it has staged everything into longer to wait for its commit.
+
         Returns
         -------
         str
-            OPEN for a new or open transaction (its activity is refreshed); COMMITTING, COMMITTED
-            or ABORTED, unchanged, for an id already past OPEN.
+            OPEN for a new or open transaction; COMMITTING, COMMITTED or ABORTED, unchanged, for an
+            id already past OPEN.
         """
         _check_id(txn_id)
         _check_timeout(timeout_ms, allow_zero=True)
@@ -159,8 +163,16 @@ class TransactionManager:
                 if self._idle_expired(txn_id, rec, now):
                     self._abort_locked(txn_id, now, _REASON_TIMEOUT)
                     return ABORTED
+                if timeout_ms and timeout_ms != rec["timeout_ms"]:
+                    self._record([(txn_id, {**rec, "timeout_ms": timeout_ms, "updated_ms": now})])
                 self._activity[txn_id] = now
             return rec["state"]
+
+    def timeout_ms(self, txn_id: str) -> int:
+        """The idle timeout of ``txn_id`` (0 for an unknown id)."""
+        with self._mutex:
+            rec = self._txns.get(txn_id)
+            return 0 if rec is None else rec["timeout_ms"]
 
     def stage(self, txn_id: str, topic: str, queue_id: int, payload: bytes, sequence: int | None = None) -> bool:
         """Append one send (an Arrow IPC payload for ``topic``/``queue_id``), durable on return.

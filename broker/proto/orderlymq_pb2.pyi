@@ -435,12 +435,14 @@ class BeginTxnRequest(_message.Message):
     def __init__(self, txn_id: _Optional[str] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
 
 class BeginTxnResponse(_message.Message):
-    __slots__ = ("state", "numbers_sends")
+    __slots__ = ("state", "numbers_sends", "timeout_ms")
     STATE_FIELD_NUMBER: _ClassVar[int]
     NUMBERS_SENDS_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     state: str
     numbers_sends: bool
-    def __init__(self, state: _Optional[str] = ..., numbers_sends: _Optional[bool] = ...) -> None: ...
+    timeout_ms: int
+    def __init__(self, state: _Optional[str] = ..., numbers_sends: _Optional[bool] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
 
 class CommitTxnRequest(_message.Message):
     __slots__ = ("txn_id",)

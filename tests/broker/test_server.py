@@ -269,6 +269,35 @@ def test_abandoned_transaction_aborts_after_timeout(broker_factory, topic_name):
     conn.close()
 
 
+def test_begin_again_refreshes_and_sets_the_timeout_of_an_open_transaction(broker_factory, tmp_path, topic_name):
+    """A producer keeps an open transaction alive by beginning it again, and gives one it has
+    staged everything into longer to wait for its commit: also across a restart."""
+    data = tmp_path / "txn-timeout"
+    broker = broker_factory(data_dir=data, txn_timeout_ms=400, flush_interval_ms=50)
+    conn = BrokerConnection(broker.address, retry_timeout=2)
+    create(conn, topic_name, 1)
+    for txn_id in ("kept", "held", "left"):
+        begun = conn.call("BeginTxn", pb.BeginTxnRequest(txn_id=txn_id))
+        assert (begun.state, begun.timeout_ms) == ("OPEN", 400)
+        send_rows(conn, topic_name, 0, [{"key": txn_id, "body": f"{txn_id}-{i}"} for i in range(2)], txn_id=txn_id)
+    held = conn.call("BeginTxn", pb.BeginTxnRequest(txn_id="held", timeout_ms=60_000))
+    assert (held.state, held.timeout_ms) == ("OPEN", 60_000)
+    for _ in range(6):  # 1.2 s in all, three timeouts: "kept" is refreshed, "left" is not
+        time.sleep(0.2)
+        assert conn.call("BeginTxn", pb.BeginTxnRequest(txn_id="kept")).timeout_ms == 400
+    assert conn.call("BeginTxn", pb.BeginTxnRequest(txn_id="left")).state == "ABORTED"
+    conn.close()
+    broker.stop()
+    broker = broker_factory(data_dir=data, txn_timeout_ms=400, flush_interval_ms=50)
+    conn = BrokerConnection(broker.address, retry_timeout=2)
+    time.sleep(1.0)  # the restarted broker still gives "held" its 60 s
+    assert conn.call("CommitTxn", pb.CommitTxnRequest(txn_id="held")).count == 2
+    with pytest.raises(TransactionError, match="aborted"):
+        conn.call("CommitTxn", pb.CommitTxnRequest(txn_id="kept"))  # no longer refreshed: its 400 ms passed
+    assert pull_all(conn, topic_name, 0).column("body").to_pylist() == [b"held-0", b"held-1"]
+    conn.close()
+
+
 def test_staged_transaction_survives_restart(broker_factory, tmp_path, topic_name):
     data = tmp_path / "txn-restart"
     first = broker_factory(data_dir=data)
