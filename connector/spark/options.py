@@ -72,6 +72,9 @@ _SPARK_OPTIONS = frozenset({"path", "checkpointlocation", "queryname"})
 DEFAULT_LOCK_TIMEOUT_MS = 65_000  # a little over the broker's default lease: a crashed holder expires meanwhile
 DEFAULT_POLL_TIMEOUT_MS = 30_000
 DEFAULT_MAX_BATCH_BYTES = 4 * 1024 * 1024
+# How long a task's staged rows wait for the driver's commit: a batch's first tasks wait for its
+# last, which in a long backfill may be hours later.
+DEFAULT_COMMIT_WAIT_MS = 24 * 60 * 60 * 1000
 
 #: What a query restarted from its checkpoint does when another client moved the group's offsets.
 GROUP_OFFSET_CONFLICT_MODES = ("fail", "group", "checkpoint")
@@ -138,7 +141,8 @@ class _Options:
             return False
         raise InvalidOptionError(f"option '{name}' must be true or false, got {value!r}")
 
-    def integer(self, name: str, default: int | None, *, minimum: int, unit: str = "") -> int | None:
+    def integer(self, name: str, default: int | None, *, minimum: int, maximum: int | None = None,
+                unit: str = "") -> int | None:
         value = self.get(name)
         if value is None:
             return default
@@ -148,6 +152,8 @@ class _Options:
             raise InvalidOptionError(f"option '{name}' must be an integer{unit}, got {value!r}") from None
         if number < minimum:
             raise InvalidOptionError(f"option '{name}' must be at least {minimum}{unit}, got {number}")
+        if maximum is not None and number > maximum:
+            raise InvalidOptionError(f"option '{name}' must be at most {maximum}{unit}, got {number}")
         return number
 
 
@@ -363,7 +369,7 @@ class SinkOptions:
     body_column: str = "body"
     exactly_once: bool = True
     max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES
-    transaction_timeout_ms: int = 0
+    transaction_timeout_ms: int = DEFAULT_COMMIT_WAIT_MS
     security: ConnectionSecurity = field(default_factory=ConnectionSecurity)
 
     def connect(self) -> RoutedConnection:
@@ -398,6 +404,7 @@ class SinkOptions:
             body_column=opts.get("bodyColumn") or "body",
             exactly_once=opts.boolean("exactlyOnce", True),
             max_batch_bytes=opts.integer("maxBatchBytes", DEFAULT_MAX_BATCH_BYTES, minimum=1024, unit=" bytes"),
-            transaction_timeout_ms=opts.integer("transactionTimeoutMs", 0, minimum=0, unit=" (ms)"),
+            transaction_timeout_ms=opts.integer("transactionTimeoutMs", DEFAULT_COMMIT_WAIT_MS, minimum=0,
+                                                maximum=2**31 - 1, unit=" (ms)"),
             security=ConnectionSecurity.from_options(opts.get),
         )

@@ -47,7 +47,7 @@ class OrderlyMQDataSource(DataSource):
     Sink options (``df.write`` / ``df.writeStream``): ``brokers`` (required), ``topic`` (or a
     ``topic`` column), ``shardingKey`` (or a ``queue_id`` column), ``bodyColumn`` (``body``),
     ``tagColumn``, ``propertiesColumns``, ``exactlyOnce`` (true), ``maxBatchBytes`` (4 MiB),
-    ``transactionTimeoutMs`` (broker default).
+    ``transactionTimeoutMs`` (24 h: how long a task's staged rows wait for the commit).
 
     Both, for a broker with TLS or access control (``docs/security.md``): ``tls.caFile``,
     ``tls.certFile`` and ``tls.keyFile`` (mutual TLS), ``tls.serverName``, ``auth.accessKey`` and

@@ -55,6 +55,7 @@ from connector.spark.options import SinkOptions
 from connector.spark.sharding import queue_ids
 from connector.spark.sink_columns import SinkColumns, message_columns, message_table
 from connector.spark.transactions import abort_all, commit_batch, task_txn_id
+from connector.spark.txn_keepalive import KeepAlive
 
 __all__ = ["OrderlyMQStreamWriter", "OrderlyMQWriter", "SinkCommitMessage"]
 
@@ -121,10 +122,13 @@ class _OrderlyMQWriterMixin:
                 prepared.result()
             sender.flush_all()
             sender.drop_abandoned()
+            sender.hold_for_commit()
             return SinkCommitMessage(query_id, batch_id, partition, sender.parts(), sender.rows)
         except BaseException:
             sender.drop_all()
             raise
+        finally:
+            sender.close()
 
     def _prepare(self, router: _Router, sender: _Sender) -> None:
         """What the task's first send needs and can be done before its first row: the topic's
@@ -356,6 +360,12 @@ class _Sender:
     def drop_all(self) -> None:
         pass
 
+    def hold_for_commit(self) -> None:
+        pass  # nothing waits for a commit
+
+    def close(self) -> None:
+        pass
+
 
 class _StagingSender(_Sender):
     """Stages the task's rows in its transaction: one part per broker group it writes to (each
@@ -380,6 +390,7 @@ class _StagingSender(_Sender):
         self._parts: dict[str, _Part] = {}
         self._abandoned: list[tuple[str, str]] = []
         self._kept_bytes = 0
+        self._keepalive = KeepAlive(self._refresh, lambda: min((p.timeout_ms for p in self._begun()), default=0))
 
     def prepare(self, topic: str, queue_count: int) -> None:
         """Begin the part of the group holding every queue of ``topic`` (a single broker); in a
@@ -392,8 +403,26 @@ class _StagingSender(_Sender):
         part = self._parts.get(group)
         if part is None:
             part = self._parts[group] = _Part(self.conn.for_group(group), self.txn_id, keep=bool(group))
-            part.begin(self.options.transaction_timeout_ms)
+            part.begin()
+            self._keepalive.start()
         return part
+
+    def _begun(self) -> list[_Part]:
+        return list(self._parts.values())  # a copy: the task's thread may add a part meanwhile
+
+    def _refresh(self) -> None:
+        for part in self._begun():
+            part.refresh()
+
+    def hold_for_commit(self) -> None:
+        """The task staged everything: its parts wait for the driver's commit for up to
+        ``transactionTimeoutMs`` from now, however long the other tasks of the batch take."""
+        self._keepalive.stop()
+        metadata.each_concurrently(lambda part: part.hold(self.options.transaction_timeout_ms),
+                                   [part for part in self._begun() if part.staged])
+
+    def close(self) -> None:
+        self._keepalive.stop()
 
     def parts(self) -> tuple[tuple[str, str], ...]:
         return tuple((group, part.txn_id) for group, part in sorted(self._parts.items()) if part.staged)
@@ -418,7 +447,7 @@ class _StagingSender(_Sender):
                 todo = part.kept + todo
                 self._kept_bytes -= sum(_size(kept) for _, _, kept in part.kept)  # kept again once restaged
                 self._abandoned.append((group, part.txn_id))
-                part.renew(f"{self.txn_id}.r{len(self._abandoned)}", self.options.transaction_timeout_ms)
+                part.renew(f"{self.txn_id}.r{len(self._abandoned)}")
                 continue
             self._keep(part, todo.pop(0))
 
@@ -450,10 +479,11 @@ class _Part:
         self.kept: list[tuple[str, int, _Payload]] | None = [] if keep else None  # staged; None: not kept
         self.sent = 0  # sends staged in it: the number of the next one
         self.numbered = True  # whether its broker stages a numbered send once (one older than that does not)
+        self.timeout_ms = 0  # its idle timeout, as its broker tells (0: a broker that does not)
 
-    def begin(self, timeout_ms: int) -> None:
-        request = pb.BeginTxnRequest(txn_id=self.txn_id, timeout_ms=timeout_ms)
-        response = self.conn.call("BeginTxn", request)
+    def begin(self) -> None:
+        """Open the part with the broker's timeout: one the task stops refreshing ends with it."""
+        response = self._begin(0)
         if response.state != "OPEN":
             raise TransactionError(f"transaction {self.txn_id} is {response.state}, expected a new OPEN transaction")
         self.numbered = response.numbers_sends
@@ -462,11 +492,31 @@ class _Part:
             # with everything before it, in a new one.
             self.kept = []
 
-    def renew(self, txn_id: str, timeout_ms: int) -> None:
+    def refresh(self) -> None:
+        """Reset the part's idle time (``txn_keepalive``)."""
+        self._begin(0)
+
+    def hold(self, timeout_ms: int) -> None:
+        """Give the staged part ``timeout_ms`` to wait for its commit (brokers older than this keep
+        their timeout)."""
+        response = self._begin(timeout_ms)
+        if response.state != "OPEN":
+            raise TransactionError(f"transaction {self.txn_id} is {response.state} before its commit; the task "
+                                   "fails, and Spark's retry stages its rows again")
+        if not response.timeout_ms:
+            log.warning("broker %s is older than held transactions: transaction %s keeps its first timeout, and "
+                        "the batch must be committed within it", self.conn.address, self.txn_id)
+
+    def _begin(self, timeout_ms: int) -> pb.BeginTxnResponse:
+        response = self.conn.call("BeginTxn", pb.BeginTxnRequest(txn_id=self.txn_id, timeout_ms=timeout_ms))
+        self.timeout_ms = response.timeout_ms
+        return response
+
+    def renew(self, txn_id: str) -> None:
         """Go on in a new transaction ``txn_id`` (begun once the group answers again), empty: only
         a part that keeps its payloads is renewed, to stage them again."""
         self.txn_id, self.kept, self.sent = txn_id, [], 0
-        self.begin(timeout_ms)
+        self.begin()
 
     @property
     def staged(self) -> bool:

@@ -245,6 +245,33 @@ def test_commit_cut_short_is_finished_by_the_replay(broker, conn, topic_name):
     check_routed_in_order(conn, topic_name, 2, part0 + part1)
 
 
+def test_tasks_keep_their_transactions_past_the_brokers_timeout(broker_factory, topic_name):
+    """The broker aborts a transaction idle for txn_timeout_ms (here 600 ms). A task that waits
+    longer than that for its first rows keeps its transaction alive meanwhile, and a task that
+    finished long before the batch's last one still has its rows when the driver commits."""
+    import time
+
+    from connector.client.connection import BrokerConnection
+
+    broker = broker_factory(txn_timeout_ms=600, flush_interval_ms=50)
+    conn = BrokerConnection(broker.address, retry_timeout=2)
+    create_topic(conn, topic_name, 2)
+    writer = _writer(broker, topic_name)
+    early, late = keyed_events(3, 4), keyed_events(3, 4, start=4)
+    finished_early = _attempt(writer, 0, early)
+
+    def rows_after_a_wait():
+        time.sleep(2.0)  # upstream works before its first row: three timeouts
+        yield _batch(late)
+
+    message = writer.write(rows_after_a_wait())
+    waited_late = type(message)(message.query_id, message.batch_id, 1, message.parts, message.rows)
+    time.sleep(1.5)  # the driver commits long after the last task
+    writer.commit([finished_early, waited_late], 1)
+    check_routed_in_order(conn, topic_name, 2, early + late)
+    conn.close()
+
+
 def test_topic_grown_under_a_running_writer_fails_clearly(broker, conn, topic_name):
     from broker.wire.errors import TopicGrewError
 
