@@ -19,11 +19,14 @@ commits the transactions in partition order. A replay of the batch finds the pla
 exactly the planned transactions (``CommitTxn`` of a committed id is an idempotent no-op) and
 aborts its own. A planned transaction the broker aborted meanwhile (its timeout passed during a
 long outage) was never visible, so the replay's transaction of that partition, which holds the
-same rows, takes its place. After a commit the group ``spark-sink/<query id>`` stores the log
-position of that batch's plan (the last batch that can still be replayed), so a lookup reads only
-the plans written since. That position is recorded once the batch is visible, at the same time as
-the caller's own follow-up (the sink's hand-over of the source offsets): neither waits for the
-other, and a lookup that starts earlier than it could only reads more plans. A process that
+same rows, takes its place, recorded first as a revision of the plan (a later replay applies the
+revisions in order, so it commits that substitute again, never a third copy). A failed batch's
+``abort`` leaves alone what its plan names: its replay commits those. After a commit the group
+``spark-sink/<query id>`` stores the log position of that batch's plan (the last batch that can
+still be replayed), so a lookup reads only the plans written since. That position is recorded
+once the batch is visible, at the same time as the caller's own follow-up (the sink's hand-over of
+the source offsets): neither waits for the other, and a lookup that starts earlier than it could
+only reads more plans. A process that
 committed an earlier batch of the query starts the next lookup at that batch's plan without
 asking: any plan of a later batch was recorded after it (Spark commits a batch only once the one
 before it has completed), so nothing is skipped.
@@ -55,12 +58,13 @@ from broker.wire.errors import (
     PermissionDeniedError,
     TopicNotFoundError,
     TransactionError,
+    TransactionNotFoundError,
 )
 from connector.client.connection import pb
 from connector.client.routed import RoutedConnection
 from connector.spark.metadata import Connection, at_once, each_concurrently, group_connection
 
-__all__ = ["SINK_LOG_TOPIC", "abort_all", "commit_batch", "task_txn_id"]
+__all__ = ["SINK_LOG_TOPIC", "abort_all", "abort_batch", "commit_batch", "task_txn_id"]
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +94,27 @@ def _ensure_sink_log(conn: Connection) -> None:
 
 def _log_group(query_id: str) -> str:
     return f"spark-sink/{query_id}"
+
+
+def abort_batch(conn: Connection, query_id: str, batch_id: int, parts: list[tuple[str, str]], *,
+                replayable: bool) -> int:
+    """Abort a failed batch's ``(broker group, transaction id)`` parts, but those a recorded plan
+    of the batch names (its commit was cut short): the batch's replay commits them. How many it
+    aborted."""
+    if replayable and parts:
+        try:
+            found = _find_plan(conn, query_id, batch_id)
+        except TopicNotFoundError:
+            found = None
+        except OrderlyMQError as exc:
+            log.warning("batch %d of query %s: its plan cannot be looked up (%s); its transactions are left to the "
+                        "broker's timeout", batch_id, query_id, exc)
+            return 0
+        if found is not None:
+            planned = {(group, txn_id) for _, group, txn_id in found[0]}
+            parts = [part for part in parts if part not in planned]
+    abort_all(conn, parts)
+    return len(parts)
 
 
 def abort_all(conn: Connection, parts: list[tuple[str, str]]) -> None:
@@ -160,19 +185,31 @@ def commit_batch(
 def _commit_part(conn: Connection, query_id: str, batch_id: int, group: str, partition: int, txn_id: str,
                  substitute: str | None) -> tuple[int, str]:
     """Commit one planned part; if the broker aborted it, this run's part of the same partition
-    and group (the same rows) instead. The rows made visible, and the transaction committed."""
+    and group (the same rows) instead, recorded as a revision of the plan first: a later replay
+    commits that one too, never a third. The rows made visible, and the transaction committed."""
+    batch = f"batch {batch_id} of query {query_id}: planned transaction {txn_id} of partition {partition} {_on_group(group)}"
     try:
         return _commit(conn, group, txn_id), txn_id
+    except TransactionNotFoundError:
+        raise TransactionError(
+            f"{batch}is unknown to the broker (it forgets finished transactions after 24 h), so whether its rows "
+            "are visible cannot be told. Check the target topic for this batch's rows, then restart with a new "
+            "checkpointLocation"
+        ) from None
     except TransactionError:
         if substitute is None:
             raise TransactionError(
-                f"batch {batch_id} of query {query_id}: planned transaction {txn_id} of partition {partition} "
-                f"{_on_group(group)}was aborted by the broker before it could be committed, and this run has no "
-                "rows for that partition there to replace it; the input is not replayable. Rerun with a new "
-                "checkpointLocation"
+                f"{batch}was aborted by the broker before it could be committed, and this run has no rows for "
+                "that partition there to replace it; the input is not replayable. Rerun with a new checkpointLocation"
+            ) from None
+        if substitute == txn_id:
+            raise TransactionError(
+                f"{batch}was aborted by the broker (its transactionTimeoutMs passed) before the commit; the batch "
+                "fails, and its replay (restart the query) stages those rows again"
             ) from None
     log.warning("planned transaction %s %swas aborted by the broker; committing %s (same partition, same rows)",
                 txn_id, _on_group(group), substitute)
+    _record_plan(conn, query_id, batch_id, [(partition, group, substitute)], revision=True)
     return _commit(conn, group, substitute), substitute
 
 
@@ -199,8 +236,12 @@ def _commit(conn: Connection, group: str, txn_id: str) -> int:
     return 0 if response.already_committed else response.count
 
 
-def _record_plan(conn: Connection, query_id: str, batch_id: int, txns: list[tuple[int, str, str]]) -> int:
-    body = json.dumps({"query": query_id, "batch": batch_id, "txns": txns}).encode()
+def _record_plan(conn: Connection, query_id: str, batch_id: int, txns: list[tuple[int, str, str]], *,
+                 revision: bool = False) -> int:
+    """Append the plan of ``batch_id`` (or, as a ``revision``, the parts that replace some of its
+    own); its log offset."""
+    entry = {"query": query_id, "batch": batch_id, "txns": txns}
+    body = json.dumps({**entry, "revision": True} if revision else entry).encode()
     table = pa.table(
         {
             "key": pa.array([query_id], pa.string()),
@@ -219,8 +260,11 @@ def _record_plan(conn: Connection, query_id: str, batch_id: int, txns: list[tupl
 
 
 def _find_plan(conn: Connection, query_id: str, batch_id: int) -> tuple[list[tuple[int, str, str]], int] | None:
-    """The plan of ``batch_id`` and its log offset, if an earlier attempt recorded one."""
+    """The plan of ``batch_id`` and its log offset, if an attempt recorded one: the first plan of
+    the batch in the log, with the revisions recorded after it applied in order."""
     offset = max(_lookup_start(conn, query_id, batch_id), 0)
+    plan: list[tuple[int, str, str]] | None = None
+    position = -1
     while True:
         request = pb.PullRequest(topic=SINK_LOG_TOPIC, queue_id=0, offset=offset, tag_expression=_PLAN_TAG)
         try:
@@ -230,15 +274,24 @@ def _find_plan(conn: Connection, query_id: str, batch_id: int) -> tuple[list[tup
             continue
         table = codec.decode_many(response.batches)
         mine = table.filter(pc.equal(table.column("key"), pa.scalar(query_id, pa.string())))
-        for body, position in zip(
-            mine.column("body").to_pylist(), mine.column("queue_offset").to_pylist(), strict=True
-        ):
-            plan = json.loads(body)
-            if plan.get("batch") == batch_id:
-                return [_planned_part(entry) for entry in plan["txns"]], position
+        for body, at in zip(mine.column("body").to_pylist(), mine.column("queue_offset").to_pylist(), strict=True):
+            entry = json.loads(body)
+            if entry.get("batch") != batch_id:
+                continue
+            parts = [_planned_part(part) for part in entry["txns"]]
+            if plan is None and not entry.get("revision"):
+                plan, position = parts, at
+            elif plan is not None and entry.get("revision"):
+                plan = _revised(plan, parts)
         if response.next_offset <= offset or response.next_offset >= response.max_offset:
-            return None
+            return None if plan is None else (plan, position)
         offset = response.next_offset
+
+
+def _revised(plan: list[tuple[int, str, str]], revision: list[tuple[int, str, str]]) -> list[tuple[int, str, str]]:
+    """``plan`` with each part named in ``revision`` (same partition and group) replaced."""
+    replaced = {(partition, group): txn_id for partition, group, txn_id in revision}
+    return [(partition, group, replaced.get((partition, group), txn_id)) for partition, group, txn_id in plan]
 
 
 def _planned_part(entry: list) -> tuple[int, str, str]:

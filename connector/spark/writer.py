@@ -54,7 +54,7 @@ from connector.spark.handoff import advance_group_offsets
 from connector.spark.options import SinkOptions
 from connector.spark.sharding import queue_ids
 from connector.spark.sink_columns import SinkColumns, message_columns, message_table
-from connector.spark.transactions import abort_all, commit_batch, task_txn_id
+from connector.spark.transactions import abort_all, abort_batch, commit_batch, task_txn_id
 from connector.spark.txn_keepalive import KeepAlive
 
 __all__ = ["OrderlyMQStreamWriter", "OrderlyMQWriter", "SinkCommitMessage"]
@@ -152,10 +152,12 @@ class _OrderlyMQWriterMixin:
         log.info("committed batch %d: %d row(s) from %d task(s)", batch_id, rows, len({p for p, _, _ in txns}))
 
     def _abort(self, messages: list[SinkCommitMessage | None], batch_id: int) -> None:
-        parts = [part for m in messages if m is not None for part in m.parts]
-        if parts:
-            abort_all(self.options.connect(), parts)
-        log.warning("aborted batch %d: %d staged transaction(s) dropped", batch_id, len(parts))
+        done = [m for m in messages if m is not None]
+        parts = [part for m in done for part in m.parts]
+        dropped = abort_batch(self.options.connect(), done[0].query_id, batch_id, parts,
+                              replayable=self.streaming) if parts else 0
+        log.warning("aborted batch %d: %d of its %d staged transaction(s) dropped (the others are planned: its "
+                    "replay commits them)", batch_id, dropped, len(parts))
 
 
 class OrderlyMQWriter(_OrderlyMQWriterMixin, DataSourceArrowWriter):

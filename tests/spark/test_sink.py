@@ -245,6 +245,54 @@ def test_commit_cut_short_is_finished_by_the_replay(broker, conn, topic_name):
     check_routed_in_order(conn, topic_name, 2, part0 + part1)
 
 
+def _plan(conn, batch_id, messages):
+    from connector.spark import transactions
+
+    conn.call(
+        "CreateTopic", pb.CreateTopicRequest(topic=transactions.SINK_LOG_TOPIC, queue_count=1, if_not_exists=True)
+    )
+    transactions._record_plan(conn, messages[0].query_id, batch_id,
+                              [(m.partition_id, group, txn) for m in messages for group, txn in m.parts])
+
+
+def test_an_aborted_batch_keeps_its_planned_transactions_for_the_replay(broker, conn, topic_name):
+    """The commit was cut short after the plan: Spark aborts the batch, which must not abort what
+    the plan names (the replay commits it as it is, substituting nothing)."""
+    create_topic(conn, topic_name, 2)
+    writer = _writer(broker, topic_name)
+    part0, part1 = keyed_events(3, 2), keyed_events(3, 2, start=2)
+    first = [_attempt(writer, 0, part0), _attempt(writer, 1, part1)]
+    _plan(conn, 5, first)
+    conn.call("CommitTxn", pb.CommitTxnRequest(txn_id=first[0].parts[0][1]))
+    writer.abort(first, 5)
+    assert conn.call("BeginTxn", pb.BeginTxnRequest(txn_id=first[1].parts[0][1])).state == "OPEN"
+    replay = [_attempt(writer, 0, part0), _attempt(writer, 1, part1)]
+    writer.commit(replay, 5)
+    check_routed_in_order(conn, topic_name, 2, part0 + part1)
+    for message in replay:  # the replay's own transactions were not needed: aborted
+        assert conn.call("BeginTxn", pb.BeginTxnRequest(txn_id=message.parts[0][1])).state == "ABORTED"
+
+
+def test_a_substitute_is_recorded_so_a_second_replay_does_not_substitute_again(broker, conn, topic_name):
+    """Planned transactions of partitions 1 and 2 were aborted by the broker. A first replay
+    commits its own partition 1 in place of the planned one, then fails (it has no partition 2).
+    A second replay must commit that substitute, not another copy of partition 1."""
+    from broker.wire.errors import TransactionError
+
+    create_topic(conn, topic_name, 3)
+    writer = _writer(broker, topic_name)
+    parts = [keyed_events(3, 2, start=2 * p) for p in range(3)]
+    first = [_attempt(writer, p, parts[p]) for p in range(3)]
+    _plan(conn, 6, first)
+    conn.call("CommitTxn", pb.CommitTxnRequest(txn_id=first[0].parts[0][1]))
+    for message in first[1:]:
+        conn.call("AbortTxn", pb.AbortTxnRequest(txn_id=message.parts[0][1]))
+    with pytest.raises(TransactionError, match="no rows for that partition"):
+        writer.commit([_attempt(writer, p, parts[p]) for p in range(2)], 6)
+    writer.commit([_attempt(writer, p, parts[p]) for p in range(3)], 6)
+    check_routed_in_order(conn, topic_name, 3, [event for part in parts for event in part])
+
+
 def test_tasks_keep_their_transactions_past_the_brokers_timeout(broker_factory, topic_name):
     """The broker aborts a transaction idle for txn_timeout_ms (here 600 ms). A task that waits
     longer than that for its first rows keeps its transaction alive meanwhile, and a task that
