@@ -178,8 +178,7 @@ class BrokerService:
 
     def Send(self, request) -> pb.SendResponse:
         """Store one batch (or stage it in a transaction); also each request of ``SendStream``."""
-        if self.cluster is not None:  # a send stream may outlive this broker's term as master
-            self.cluster.require_master()
+        self._still_master()  # a send stream may outlive this broker's term as master
         queue = self._queue(request.topic, request.queue_id)
         body, count = codec.message_batch(request.batch)
         if request.txn_id:
@@ -246,6 +245,7 @@ class BrokerService:
 
     def CommitOffset(self, request):
         _require(request.group, "group")
+        self._still_master()
         queue = self._queue(request.topic, request.queue_id)
         if request.epoch or request.client_id:
             self.locks.check(request.group, request.topic, request.queue_id, request.client_id, request.epoch)
@@ -266,12 +266,19 @@ class BrokerService:
 
     # -- locks ---------------------------------------------------------------------------------
 
+    def _still_master(self) -> None:
+        """In a broker group, refuse a change unless this broker is its serving master right now: a
+        call admitted by the gate may have waited (for a queue, for slaves) while it stepped down."""
+        if self.cluster is not None:
+            self.cluster.require_master()
+
     def _check_queues(self, topic: str, queue_ids) -> list[int]:
         for qid in queue_ids:
             self._queue(topic, qid)
         return list(queue_ids)
 
     def LockBatch(self, request):
+        self._still_master()
         queue_ids = self._check_queues(request.topic, request.queue_ids)
         held = self.locks.lock_batch(request.group, request.client_id, request.topic, queue_ids)
         expires_at_ms = wall_ms() + self.locks.lease_ms
@@ -319,6 +326,7 @@ class BrokerService:
     def _apply_commit(self, txn_id: str) -> tuple[bool, int]:
         """Append a transaction's staged batches: one record per queue, in send order. Appends
         carry (txn, sequence 0) as producer identity, so re-applying after a crash stores nothing twice."""
+        self._still_master()
         already, staged = self.txns.prepare_commit(txn_id)
         if already:
             return True, 0

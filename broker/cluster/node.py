@@ -261,11 +261,14 @@ class ClusterNode:
     def _decide(self) -> None:
         if not self.control.connected:
             return  # a master serves on while a lease holds, a slave goes on copying its master
-        if self.control.session_lost and self.role == Role.MASTER:
+        # Read once: a loss noticed after this read is renewed in the next round, after stepping down.
+        lost = self.control.session_lost
+        if lost and self.role == Role.MASTER:
             # Before the session is renewed: a heartbeat of the new one would make the session lease
             # hold again, and this broker serve beside the master elected meanwhile.
             self._step_down("its ZooKeeper session expired")
-        self.control.renew_if_lost()
+        if lost:
+            self.control.renew_if_lost()
         state = self.control.state()
         holder = self.control.master_holder()
         if self.role == Role.MASTER:
