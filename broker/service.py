@@ -327,13 +327,14 @@ class BrokerService:
         """Append a transaction's staged batches: one record per queue, in send order. Appends
         carry (txn, sequence 0) as producer identity, so re-applying after a crash stores nothing twice."""
         self._still_master()
-        already, staged = self.txns.prepare_commit(txn_id)
+        already, staged = self.txns.prepare_commit(txn_id, self._queue_ends)
         if already:
             return True, 0
         per_queue: dict[tuple[str, int], list[memoryview]] = defaultdict(list)
         for topic, queue_id, payload in staged:
             per_queue[(topic, queue_id)].append(payload)
-        appends = [functools.partial(self._append_staged, txn_id, queue, payloads)
+        starts = self.txns.commit_starts(txn_id)
+        appends = [functools.partial(self._append_staged, txn_id, queue, payloads, starts.get(queue))
                    for queue, payloads in per_queue.items()]
         if len(appends) > 1 and sum(len(payload) for _, _, payload in staged) >= _PARALLEL_COMMIT_BYTES:
             count = sum(_all_done(self._commit_pool, appends))
@@ -344,11 +345,16 @@ class BrokerService:
             record(pb.TxnChange(kind=pb.TxnChange.COMMIT, txn_id=txn_id))
         return False, count
 
-    def _append_staged(self, txn_id: str, queue: tuple[str, int], payloads: list[memoryview]) -> int:
-        """One queue's part of a commit; its message count."""
+    def _queue_ends(self, queues: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        return {(topic, queue_id): self.store.queue(topic, queue_id).max_offset for topic, queue_id in queues}
+
+    def _append_staged(self, txn_id: str, queue: tuple[str, int], payloads: list[memoryview],
+                       start: int | None) -> int:
+        """One queue's part of a commit (appended once: looked for from ``start`` when the queue
+        no longer remembers the transaction); its message count."""
         topic, queue_id = queue
         parts, rows = codec.join_records(payloads)  # staged sends are message_batch bodies, like records
-        result = self.store.queue(topic, queue_id).append(parts, rows, f"txn:{txn_id}", 0)
+        result = self.store.queue(topic, queue_id).append(parts, rows, f"txn:{txn_id}", 0, since=start)
         if self.cluster is not None:
             self.cluster.stored(topic, queue_id, result.base_offset + result.count)
         return rows

@@ -227,8 +227,11 @@ class TransactionManager:
                 self._staged_counts[txn_id] = count + 1
             return True
 
-    def prepare_commit(self, txn_id: str) -> tuple[bool, list[tuple[str, int, memoryview]]]:
-        """Move ``txn_id`` to COMMITTING (durably) and return what to apply.
+    def prepare_commit(self, txn_id: str, ends: Callable[[list[tuple[str, int]]], dict[tuple[str, int], int]]
+                       | None = None) -> tuple[bool, list[tuple[str, int, memoryview]]]:
+        """Move ``txn_id`` to COMMITTING (durably) and return what to apply. ``ends`` gives the end
+        offsets of the staged sends' queues: recorded with the move (``commit_starts``), they say
+        where a commit re-applied later finds what its first attempt appended.
 
         Returns
         -------
@@ -257,11 +260,19 @@ class TransactionManager:
                     rec = self._require_open(txn_id, now, "commit")
             # Holding the id's stripe: no send can be staged into it while it is read.
             entries = list(self._read_staged(txn_id))
-            with self._mutex:
-                if rec["state"] == OPEN:
-                    self._record([(txn_id, {**rec, "state": COMMITTING, "updated_ms": self._clock()})])
+            if rec["state"] == OPEN:
+                starts = ends(sorted({(topic, queue_id) for topic, queue_id, _ in entries})) if ends else {}
+                with self._mutex:
+                    self._record([(txn_id, {**rec, "state": COMMITTING, "updated_ms": self._clock(),
+                                            "starts": [[topic, queue_id, at] for (topic, queue_id), at in starts.items()]})])
                     self._activity.pop(txn_id, None)
             return False, entries
+
+    def commit_starts(self, txn_id: str) -> dict[tuple[str, int], int]:
+        """The end offsets of its queues when ``txn_id`` moved to COMMITTING, where recorded."""
+        with self._mutex:
+            rec = self._txns.get(txn_id) or {}
+            return {(topic, queue_id): at for topic, queue_id, at in rec.get("starts", ())}
 
     def mark_committed(self, txn_id: str) -> None:
         """Record that the staged sends of a COMMITTING transaction are applied; drop its staged data.

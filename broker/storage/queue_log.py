@@ -188,12 +188,15 @@ class QueueLog:
 
     # -- appending -----------------------------------------------------------------------------
 
-    def append(self, body: Body, count: int, producer_id: str = "", sequence: int = -1) -> AppendResult:
+    def append(self, body: Body, count: int, producer_id: str = "", sequence: int = -1, *,
+               since: int | None = None) -> AppendResult:
         """Store one batch (``codec.message_batch`` output: ``count`` messages; or the parts that
         concatenate to one, ``codec.join_records``) as one record; returns its offsets.
 
         A (producer_id, sequence) already stored returns the earlier result with
-        ``duplicate=True`` and stores nothing.
+        ``duplicate=True`` and stores nothing. The idempotence state keeps the last 10,000
+        producers; with ``since`` a producer it no longer holds is looked for in the records from
+        that offset on (a commit re-applied long after its first attempt).
         """
         phash = producer_hash(producer_id) if producer_id and sequence >= 0 else 0
         with self._lock:
@@ -201,6 +204,8 @@ class QueueLog:
                 raise self._deleted()
             if phash:
                 earlier = self._producers.get(phash, {}).get(sequence)
+                if earlier is None and since is not None:
+                    earlier = self._stored_since(phash, sequence, since)
                 if earlier is not None:
                     return AppendResult(earlier.base_offset, earlier.count, earlier.store_timestamp, True)
             active = self.segments[-1]
@@ -219,6 +224,16 @@ class QueueLog:
                 self._remember(phash, sequence, result)
             self._appended.notify_all()
             return result
+
+    def _stored_since(self, phash: int, sequence: int, since: int) -> AppendResult | None:
+        """The record of ``(phash, sequence)`` at or after offset ``since``, read from the headers."""
+        for seg in list(self.segments):
+            if seg.next_offset <= since:
+                continue
+            for found, seq, header in seg.producer_states():
+                if found == phash and seq == sequence and header.base_offset >= since:
+                    return AppendResult(header.base_offset, header.count, header.store_ts)
+        return None
 
     # -- replication ---------------------------------------------------------------------------
 

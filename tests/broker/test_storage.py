@@ -162,6 +162,24 @@ def test_resend_of_a_stored_sequence_is_not_stored_twice_even_after_restart(tmp_
     assert q2.max_offset == 3
 
 
+def test_a_producer_the_idempotence_state_dropped_is_found_from_a_given_offset(tmp_path):
+    """The state keeps the last 10,000 producers. A commit re-applied after more than that many
+    others wrote to the queue says from where to look: its first attempt's record is found in the
+    segments (one rolled meanwhile), and nothing is stored twice."""
+    q = make_log(tmp_path, segment_bytes=64 * 1024)
+    q.append(*batch(0, 1, "before"), "other", 0)
+    start = q.max_offset
+    first = q.append(*batch(1, 2, "txn"), "txn:t", 0)
+    for n in range(10_001):
+        q.append(*batch(3 + n, 1, "x"), f"producer-{n}", 0)
+    assert len(q.segments) > 1
+    again = q.append(*batch(1, 2, "txn"), "txn:t", 0, since=start)
+    assert again.duplicate and (again.base_offset, again.count) == (first.base_offset, 2)
+    end = q.max_offset
+    assert not q.append(*batch(1, 2, "txn"), "txn:t", 0, since=end).duplicate  # not looked for before it
+    assert read_all(q).column("key").to_pylist().count("txn") == 4
+
+
 def test_offset_for_timestamp(tmp_path):
     clock = FakeClock()
     q = make_log(tmp_path, clock=clock)

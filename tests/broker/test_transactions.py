@@ -95,6 +95,27 @@ def test_replayed_commit_is_idempotent(txns):
     assert txns.state("t") == COMMITTED
 
 
+def test_the_queue_ends_at_prepare_are_recorded_once_and_survive_a_restart(open_manager):
+    """Where a re-applied commit looks for what its first attempt appended: the ends of its
+    queues when it moved to COMMITTING, not when it is re-applied."""
+    txns = open_manager()
+    txns.begin("t")
+    for topic, queue_id in (("x", 1), ("y", 0), ("x", 1)):
+        txns.stage("t", topic, queue_id, b"m")
+    asked = []
+
+    def ends(queues):
+        asked.append(queues)
+        return {queue: 10 * len(asked) + queue[1] for queue in queues}
+
+    txns.prepare_commit("t", ends)
+    txns.prepare_commit("t", ends)  # a retry: already COMMITTING, ends not asked again
+    assert asked == [[("x", 1), ("y", 0)]]
+    assert txns.commit_starts("t") == {("x", 1): 11, ("y", 0): 10}
+    txns.close()
+    assert open_manager().commit_starts("t") == {("x", 1): 11, ("y", 0): 10}
+
+
 def test_prepare_twice_returns_the_entries_again(txns):
     txns.begin("t")
     txns.stage("t", "x", 1, b"1")
