@@ -293,6 +293,22 @@ def test_a_substitute_is_recorded_so_a_second_replay_does_not_substitute_again(b
     check_routed_in_order(conn, topic_name, 3, [event for part in parts for event in part])
 
 
+def test_a_planned_transaction_the_broker_forgot_fails_the_commit_instead_of_being_replaced(broker, conn,
+                                                                                           topic_name):
+    """Forgotten (finished over 24 h ago) may mean committed: replacing it could write its rows twice."""
+    from broker.wire.errors import TransactionError
+
+    create_topic(conn, topic_name, 1)
+    writer = _writer(broker, topic_name)
+    events = keyed_events(2, 2)
+    planned = _attempt(writer, 0, events)
+    forgotten = type(planned)(planned.query_id, planned.batch_id, 0, (("", "spark-sink/forgotten"),), planned.rows)
+    _plan(conn, 8, [forgotten])
+    with pytest.raises(TransactionError, match="unknown to the broker.*cannot be told"):
+        writer.commit([planned], 8)
+    assert all(events == [] for events in topic_events(conn, topic_name).values())
+
+
 def test_tasks_keep_their_transactions_past_the_brokers_timeout(broker_factory, topic_name):
     """The broker aborts a transaction idle for txn_timeout_ms (here 600 ms). A task that waits
     longer than that for its first rows keeps its transaction alive meanwhile, and a task that
