@@ -189,19 +189,23 @@ class QueueLog:
     # -- appending -----------------------------------------------------------------------------
 
     def append(self, body: Body, count: int, producer_id: str = "", sequence: int = -1, *,
-               since: int | None = None) -> AppendResult:
+               since: int | None = None, admit: Callable[[], object] | None = None) -> AppendResult:
         """Store one batch (``codec.message_batch`` output: ``count`` messages; or the parts that
         concatenate to one, ``codec.join_records``) as one record; returns its offsets.
 
         A (producer_id, sequence) already stored returns the earlier result with
         ``duplicate=True`` and stores nothing. The idempotence state keeps the last 10,000
         producers; with ``since`` a producer it no longer holds is looked for in the records from
-        that offset on (a commit re-applied long after its first attempt).
+        that offset on (a commit re-applied long after its first attempt). ``admit`` is called
+        under the log's lock before anything is stored, and stops the append by raising: a broker
+        group's master checks there that it still is (a slave's cut of its log takes that lock).
         """
         phash = producer_hash(producer_id) if producer_id and sequence >= 0 else 0
         with self._lock:
             if self._closed:
                 raise self._deleted()
+            if admit is not None:
+                admit()
             if phash:
                 earlier = self._producers.get(phash, {}).get(sequence)
                 if earlier is None and since is not None:

@@ -180,6 +180,25 @@ def test_a_producer_the_idempotence_state_dropped_is_found_from_a_given_offset(t
     assert read_all(q).column("key").to_pylist().count("txn") == 4
 
 
+def test_an_append_that_admit_refuses_stores_nothing(tmp_path):
+    """A broker group's master checks, under the log's lock, that it still is before appending."""
+    from broker.wire.errors import NotMasterError
+
+    q = make_log(tmp_path)
+    q.append(*batch(0, 2))
+    checked = []
+
+    def step_down_meanwhile():
+        checked.append(q.max_offset)
+        raise NotMasterError("no longer master", "")
+
+    with pytest.raises(NotMasterError):
+        q.append(*batch(2, 1), "p", 0, admit=step_down_meanwhile)
+    assert checked == [2] and q.max_offset == 2
+    assert q.append(*batch(2, 1), "p", 0, admit=lambda: None).base_offset == 2  # not taken for a duplicate
+    assert read_all(q).column("queue_offset").to_pylist() == [0, 1, 2]
+
+
 def test_offset_for_timestamp(tmp_path):
     clock = FakeClock()
     q = make_log(tmp_path, clock=clock)
