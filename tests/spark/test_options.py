@@ -105,6 +105,8 @@ def test_options_are_frozen():
         ({"brokers": "h:1", "exactlyOnce": "sure"}, "option 'exactlyOnce' must be true or false"),
         ({"brokers": "h:1", "maxBatchBytes": "10"}, "option 'maxBatchBytes' must be at least 1024"),
         ({"brokers": "h:1", "propertiesColumns": "a,,b"}, "empty column name"),
+        ({"brokers": "h:1", "transactionTimeoutMs": "3000000000"},
+         r"option 'transactionTimeoutMs' must be at most 2147483647 \(ms\), got 3000000000"),
     ],
 )
 def test_bad_sink_options(options, message):
@@ -115,6 +117,7 @@ def test_bad_sink_options(options, message):
 def test_sink_defaults_and_spark_options_ignored():
     opts = SinkOptions.from_options({"brokers": "h:1", "topic": "t", "checkpointLocation": "/tmp/x", "path": "p"})
     assert opts.exactly_once and opts.body_column == "body" and opts.sharding_key is None
+    assert opts.transaction_timeout_ms == 24 * 3600 * 1000  # a batch's first tasks wait for its last
 
 
 def test_offsets_json_is_canonical_and_round_trips():
