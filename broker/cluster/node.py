@@ -48,6 +48,8 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
+from kazoo.exceptions import ConnectionLoss, OperationTimeoutError, SessionExpiredError
+
 from broker.cluster.control import GroupControl, GroupState
 from broker.cluster.epochs import EpochHistory, queue_key
 from broker.cluster.follower import CampaignPromise, ReplicaFetcher
@@ -67,6 +69,7 @@ log = logging.getLogger(__name__)
 _TICK_S = 0.1  # how often a master reviews its sync-state set
 _REREAD_S = 1.0  # how often the group's state is read from ZooKeeper without a watch firing
 _LEASE_FRACTION = 0.8  # of a session timeout, of a promise: what a master counts on
+_ZOOKEEPER_LOST = (ConnectionLoss, OperationTimeoutError, SessionExpiredError)  # a call cut off, not refused
 
 
 class Role:
@@ -163,12 +166,12 @@ class ClusterNode:
     # -- topics: the cluster's, any broker answers -----------------------------------------------
 
     def create_topic(self, topic: str, count: int, if_not_exists: bool) -> pb.TopicRoute:
-        self._require_zookeeper(f"create topic {topic}")
-        return self.registry.route(topic, self.registry.create(topic, count, if_not_exists))
+        with self._zookeeper(f"create topic {topic}"):
+            return self.registry.route(topic, self.registry.create(topic, count, if_not_exists))
 
     def grow_topic(self, topic: str, count: int) -> pb.TopicRoute:
-        self._require_zookeeper(f"grow topic {topic}")
-        return self.registry.route(topic, self.registry.grow(topic, count))
+        with self._zookeeper(f"grow topic {topic}"):
+            return self.registry.route(topic, self.registry.grow(topic, count))
 
     def describe_topic(self, topic: str) -> pb.TopicRoute:
         return self._topic_read(topic, lambda: self.registry.route(topic, self.registry.require(topic)))
@@ -181,32 +184,44 @@ class ClusterNode:
         return self._topic_read("", read)
 
     def delete_topic(self, topic: str) -> None:
-        self._require_zookeeper(f"delete topic {topic}")
-        self.registry.delete(topic)
+        with self._zookeeper(f"delete topic {topic}"):
+            self.registry.delete(topic)
 
     def _topic_read(self, key: str, read: Callable):
         """A topic read from ZooKeeper; while it is unreachable, the last answer of this broker
         (routes cannot change then: no group can elect a master without ZooKeeper), so clients
         refreshing a route do not wait for ZooKeeper (a kazoo call waits for it to come back)."""
         if self.control.connected:
-            answer = read()
-            self._topic_reads[key] = answer
-            return answer
+            with contextlib.suppress(*_ZOOKEEPER_LOST):  # lost during the read: as when it is unreachable
+                answer = read()
+                self._topic_reads[key] = answer
+                return answer
         if key in self._topic_reads:
             return self._topic_reads[key]
-        self._require_zookeeper(f"read topic {key}" if key else "list topics")
+        raise self._unreachable(f"read topic {key}" if key else "list topics")
 
-    def _require_zookeeper(self, what: str) -> None:
+    @contextlib.contextmanager
+    def _zookeeper(self, what: str) -> Iterator[None]:
+        """Around a change or read in ZooKeeper: unreachable, or lost during the call, it is
+        ``BrokerUnavailableError``, which clients retry (not an internal error)."""
         if not self.control.connected:
-            raise BrokerUnavailableError(f"cannot {what} now: broker {self.broker_id} of group "
-                                         f"{self.config.broker_name} cannot reach ZooKeeper; retry later")
+            raise self._unreachable(what)
+        try:
+            yield
+        except _ZOOKEEPER_LOST as exc:
+            raise self._unreachable(what) from exc
+
+    def _unreachable(self, what: str) -> BrokerUnavailableError:
+        return BrokerUnavailableError(f"cannot {what} now: broker {self.broker_id} of group "
+                                      f"{self.config.broker_name} cannot reach ZooKeeper; retry later")
 
     def describe_cluster(self) -> pb.DescribeClusterResponse:
         answer = pb.DescribeClusterResponse(cluster_name=self.config.cluster_name)
-        for group in self.registry.groups():
-            master, addresses = self.registry.group_addresses(group)
-            if addresses:
-                answer.groups.add(broker_name=group, master_address=master, addresses=addresses)
+        with self._zookeeper("describe the cluster"):
+            for group in self.registry.groups():
+                master, addresses = self.registry.group_addresses(group)
+                if addresses:
+                    answer.groups.add(broker_name=group, master_address=master, addresses=addresses)
         return answer
 
     # -- lifecycle -----------------------------------------------------------------------------

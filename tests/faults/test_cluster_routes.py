@@ -329,3 +329,22 @@ def test_a_group_down_at_creation_holds_no_queue_of_that_topic(broker_cluster):
         down.wait_for_master()
         assert {g.broker_name for g in admin.create_topic("after", 6).groups} == set(GROUP_NAMES)
         assert {g.broker_name for g in admin.describe_topic("while-down").groups} == {"broker-a", "broker-b"}
+
+
+def test_a_topic_read_cut_off_from_zookeeper_is_unavailable_not_internal(broker_group, zookeeper):
+    """ZooKeeper stops answering in the middle of a route read: the broker answers UNAVAILABLE,
+    which clients retry, not an internal error (kazoo's ConnectionLoss passed on)."""
+    import os
+    import signal
+
+    from broker.wire.errors import BrokerUnavailableError
+
+    group = broker_group(size=1, min_sync_replicas=1)
+    conn = BrokerConnection(group.addresses, retry_timeout=5)
+    os.kill(zookeeper.proc.pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(BrokerUnavailableError, match="cannot reach ZooKeeper"):
+            conn.call("DescribeTopic", pb.DescribeTopicRequest(topic="never-read"), retry=False)
+    finally:
+        os.kill(zookeeper.proc.pid, signal.SIGCONT)
+    conn.close()
