@@ -306,7 +306,7 @@ def test_a_planned_transaction_the_broker_forgot_fails_the_commit_instead_of_bei
     _plan(conn, 8, [forgotten])
     with pytest.raises(TransactionError, match="unknown to the broker.*cannot be told"):
         writer.commit([planned], 8)
-    assert all(events == [] for events in topic_events(conn, topic_name).values())
+    assert all(stored == [] for stored in topic_events(conn, topic_name).values())
 
 
 def test_tasks_keep_their_transactions_past_the_brokers_timeout(broker_factory, topic_name):
