@@ -123,6 +123,14 @@ class BrokerService:
             self.cluster.topics.check_holds(topic, queue_id)
         return self.store.queue(topic, queue_id)
 
+    def _still_master(self) -> None:
+        """In a broker group, refuse a change unless this broker is its serving master right now: a
+        call admitted by the gate may have waited (for a queue, for slaves) while it stepped down.
+        Appends check it under their queue's lock too, so none lands after a step-down and the
+        follower's cut of the log."""
+        if self.cluster is not None:
+            self.cluster.require_master()
+
     # -- topics --------------------------------------------------------------------------------
 
     def _route(self, topic: str) -> pb.TopicRoute:
@@ -191,7 +199,7 @@ class BrokerService:
                                         queue_id=request.queue_id, payload=bytes(body)))
             return pb.SendResponse(base_offset=-1, count=count, queue_id=request.queue_id, duplicate=not staged)
         result = queue.append(body, count, request.producer_id, request.sequence if request.producer_id else -1,
-                              admit=self._admit_appends)
+                              admit=self._still_master)
         if not result.duplicate:
             self.metrics.stored(request.topic, request.queue_id, result.count, len(body))
         if self.cluster is not None:  # a duplicate too: its first copy may not be replicated yet
@@ -266,18 +274,6 @@ class BrokerService:
         return pb.GetOffsetResponse(offset=offset, committed_by=client_id)
 
     # -- locks ---------------------------------------------------------------------------------
-
-    def _still_master(self) -> None:
-        """In a broker group, refuse a change unless this broker is its serving master right now: a
-        call admitted by the gate may have waited (for a queue, for slaves) while it stepped down."""
-        if self.cluster is not None:
-            self.cluster.require_master()
-
-    @property
-    def _admit_appends(self) -> Callable[[], None] | None:
-        """What an append checks under its queue's lock: in a broker group, that this broker is
-        still master, so no append lands after it stepped down and its follower cut the log."""
-        return self._still_master if self.cluster is not None else None
 
     def _check_queues(self, topic: str, queue_ids) -> list[int]:
         for qid in queue_ids:
@@ -362,7 +358,7 @@ class BrokerService:
         topic, queue_id = queue
         parts, rows = codec.join_records(payloads)  # staged sends are message_batch bodies, like records
         result = self.store.queue(topic, queue_id).append(parts, rows, f"txn:{txn_id}", 0, since=start,
-                                                          admit=self._admit_appends)
+                                                          admit=self._still_master)
         if self.cluster is not None:
             self.cluster.stored(topic, queue_id, result.base_offset + result.count)
         return rows
