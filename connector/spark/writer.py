@@ -156,8 +156,9 @@ class _OrderlyMQWriterMixin:
         parts = [part for m in done for part in m.parts]
         dropped = abort_batch(self.options.connect(), done[0].query_id, batch_id, parts,
                               replayable=self.streaming) if parts else 0
-        log.warning("aborted batch %d: %d of its %d staged transaction(s) dropped (the others are planned: its "
-                    "replay commits them)", batch_id, dropped, len(parts))
+        kept = f" ({len(parts) - dropped} kept: the batch's plan names them, and its replay commits them)" \
+            if dropped < len(parts) else ""
+        log.warning("aborted batch %d: %d staged transaction(s) dropped%s", batch_id, dropped, kept)
 
 
 class OrderlyMQWriter(_OrderlyMQWriterMixin, DataSourceArrowWriter):
