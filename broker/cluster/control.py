@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from kazoo.protocol.connection import ConnectionHandler
+from kazoo.protocol.serialization import Connect
 
 __all__ = ["GroupControl", "GroupState"]
 
@@ -51,6 +53,19 @@ class GroupState:
                    frozenset(int(b) for b in doc["sync_set"]), version)
 
 
+class _NegotiationRecorder(ConnectionHandler):
+    """kazoo's connection, keeping the session timeout the server granted: a server clamps the one
+    asked for to its ``minSessionTimeout``..``maxSessionTimeout``, and kazoo keeps it to itself."""
+
+    granted_ms: int | None = None
+
+    def _invoke(self, timeout, request, xid=None):
+        result = super()._invoke(timeout, request, xid)
+        if isinstance(request, Connect) and result[0].time_out > 0:
+            self.granted_ms = result[0].time_out
+        return result
+
+
 class GroupControl:
     """One broker's view of its group in ZooKeeper; ``on_change`` is called (on kazoo's thread,
     so it must only schedule work) whenever anything of the group or the session changes."""
@@ -60,12 +75,15 @@ class GroupControl:
         self.broker_id = broker_id
         self.root = f"/orderlymq/{cluster}/groups/{group}"
         self.on_change = on_change
-        self.session_timeout_s = session_timeout_s
+        self.requested_timeout_s = session_timeout_s
         # Reconnect attempts at most a quarter of a session apart: after an outage, the session
         # (which a restarted ZooKeeper keeps for a session timeout from its start) is taken back.
         # client_options: TLS and digest user (broker.cluster.zk_security)
         self.client = KazooClient(hosts=hosts, timeout=session_timeout_s, connection_retry=dict(
             max_tries=-1, delay=0.05, backoff=2, max_delay=min(1.0, session_timeout_s / 4)), **(client_options or {}))
+        built = self.client._connection  # KazooClient builds its own; ours also keeps the granted timeout
+        self.client._connection = _NegotiationRecorder(self.client, built.retry_sleeper, logger=built.logger,
+                                                       sasl_options=built.sasl_options)
         self.address = ""
         self.heard_at = 0.0  # when the last request ZooKeeper answered was sent (time.monotonic())
         self._heartbeat_sent: float | None = None
@@ -77,11 +95,27 @@ class GroupControl:
     def start(self, address: str, timeout_s: float = 30.0) -> None:
         self.address = address
         self.client.start(timeout=timeout_s)
+        self._warn_if_not_granted()
         self.client.ensure_path(f"{self.root}/members")
         self.register()
         self.client.DataWatch(f"{self.root}/state", lambda *_: self.on_change())
         self.client.DataWatch(f"{self.root}/master", lambda *_: self.on_change())
         self.client.ChildrenWatch(f"{self.root}/members", lambda *_: self.on_change())
+
+    @property
+    def session_timeout_s(self) -> float:
+        """The session timeout leases count on: the one asked for, or the server's when it granted
+        less (a master counting on more would serve on after its session expired)."""
+        granted = self.client._connection.granted_ms
+        return self.requested_timeout_s if granted is None else min(self.requested_timeout_s, granted / 1000)
+
+    def _warn_if_not_granted(self) -> None:
+        granted = self.client._connection.granted_ms
+        if granted is not None and granted != round(self.requested_timeout_s * 1000):
+            log.warning("ZooKeeper granted a session timeout of %d ms, not the %d ms of zk_session_timeout_ms "
+                        "(the server keeps sessions within its minSessionTimeout..maxSessionTimeout); the broker "
+                        "counts on %.0f ms: set zk_session_timeout_ms within the server's range",
+                        granted, round(self.requested_timeout_s * 1000), self.session_timeout_s * 1000)
 
     @property
     def connected(self) -> bool:
@@ -91,8 +125,7 @@ class GroupControl:
         """Before this moment (``time.monotonic()``) ZooKeeper cannot have expired this broker's
         session, counting only ``fraction`` of the session timeout: it expires a session a session
         timeout after it last heard from it, and it heard from it after ``heard_at``, when a
-        request it answered was sent. 0 once the session was lost, until ``renew_if_lost``. (The
-        server must grant the timeout asked for: ``zk_session_timeout_ms`` within its min/max.)"""
+        request it answered was sent. 0 once the session was lost, until ``renew_if_lost``."""
         if self._session_lost.is_set():
             return 0.0
         return self.heard_at + fraction * self.session_timeout_s

@@ -55,10 +55,13 @@ class ZooKeeperTls:
 
 class ZooKeeperServer:
     """One standalone ZooKeeper server under ``directory`` (config, data, log); with ``tls`` it
-    also serves TLS on ``secure_port`` (``secure_connect_string``)."""
+    also serves TLS on ``secure_port`` (``secure_connect_string``). It grants sessions of
+    ``2 * tickTime``..``max_session_timeout_ms``."""
 
-    def __init__(self, directory: str | Path, port: int = 0, tls: ZooKeeperTls | None = None) -> None:
+    def __init__(self, directory: str | Path, port: int = 0, tls: ZooKeeperTls | None = None,
+                 max_session_timeout_ms: int = 60_000) -> None:
         self.directory = Path(directory)
+        self.max_session_timeout_ms = max_session_timeout_ms
         self.port = port or _free_port()
         self.tls = tls
         self.secure_port = _free_port() if tls else 0
@@ -87,7 +90,7 @@ class ZooKeeperServer:
             "clientPortAddress=127.0.0.1",
             "admin.enableServer=false",
             f"minSessionTimeout={2 * _TICK_MS}",
-            "maxSessionTimeout=60000",
+            f"maxSessionTimeout={self.max_session_timeout_ms}",
             "4lw.commands.whitelist=ruok",
             *(self.tls.settings(self.secure_port) if self.tls else []),
         ]) + "\n")

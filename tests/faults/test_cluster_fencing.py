@@ -120,3 +120,23 @@ def test_paused_master_is_fenced_and_its_unreplicated_tail_cut(broker_group, tcp
     assert ("tail", 0) not in {(d.key, d.seq) for d in stored}, "the unreplicated tail was not cut"
     assert not failures, failures
     assert log.ok, str(log)
+
+
+def test_leases_count_on_the_session_timeout_zookeeper_granted(tmp_path, caplog):
+    """A server grants at most its maxSessionTimeout: a master counting on the longer timeout it
+    asked for would serve on after ZooKeeper expired its session and another was elected."""
+    from broker.cluster.control import GroupControl
+    from broker.cluster.zookeeper import ZooKeeperServer
+
+    server = ZooKeeperServer(tmp_path / "zookeeper", max_session_timeout_ms=2_000).start()
+    control = GroupControl(server.connect_string, "leases", "g0", 0, session_timeout_s=6.0, on_change=lambda: None)
+    try:
+        control.start("127.0.0.1:1")
+        assert control.session_timeout_s == 2.0
+        asked = time.monotonic()
+        control.state()  # a request answered: the lease runs from its sending
+        assert asked <= control.session_alive_until(0.8) - 1.6 <= time.monotonic()
+        assert "granted a session timeout of 2000 ms, not the 6000 ms" in caplog.text
+    finally:
+        control.stop()
+        server.stop()
