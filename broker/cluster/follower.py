@@ -40,7 +40,10 @@ log = logging.getLogger(__name__)
 _RETRY_S = 0.2
 _REFUSED = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
 _REFUSED_RETRY_S = 2.0
-_ANSWER_TIMEOUT_S = 5.0  # the master answers an idle fetch within half a second
+# The master answers an idle fetch within half a second (replication.FETCH_WAIT_S): a fetch left
+# unanswered this long means a connection gone silent (a half-open TCP connection never breaks by
+# itself), so the stream is dropped and dialed afresh.
+_ANSWER_TIMEOUT_S = 5.0
 
 
 class CampaignPromise:
@@ -79,6 +82,7 @@ class ReplicaFetcher(threading.Thread):
         self.link = link or ReplicationLink()
         self._stopped = threading.Event()
         self._call: grpc.Future | None = None
+        self._asked_at: float | None = None  # when the fetch now unanswered was sent
         self._offsets_version = 0
         self._txn_seq = 0
         self.applied = threading.Event()  # set once a first answer was applied (tests, status)
@@ -91,6 +95,7 @@ class ReplicaFetcher(threading.Thread):
         self.join(timeout=10)
 
     def run(self) -> None:
+        threading.Thread(target=self._watch_answers, name=f"{self.name}-watch", daemon=True).start()
         while not self._stopped.is_set():
             try:
                 self._follow()
@@ -113,6 +118,15 @@ class ReplicaFetcher(threading.Thread):
                 log.exception("replication from %s failed; retrying", self.master_address)
             self._stopped.wait(_RETRY_S)
 
+    def _watch_answers(self) -> None:
+        """Drop a stream whose master has not answered within ``_ANSWER_TIMEOUT_S``."""
+        while not self._stopped.wait(_ANSWER_TIMEOUT_S / 5):
+            asked, call = self._asked_at, self._call
+            if asked is not None and call is not None and time.monotonic() - asked > _ANSWER_TIMEOUT_S:
+                log.warning("replication from %s: no answer for %.0f s; reconnecting", self.master_address,
+                            time.monotonic() - asked)
+                call.cancel()
+
     def _follow(self) -> None:
         requests: queue_mod.SimpleQueue = queue_mod.SimpleQueue()
         with self.link.channel(self.master_address) as channel:
@@ -121,10 +135,10 @@ class ReplicaFetcher(threading.Thread):
             try:
                 if self._stopped.is_set():
                     return
-                requests.put(pb.ReplicaFetch(broker_id=self.broker_id, group_epoch=self.epoch, handshake=True))
+                self._ask(requests, pb.ReplicaFetch(broker_id=self.broker_id, group_epoch=self.epoch, handshake=True))
                 self._truncate(json.loads(self._receive(call).epoch_history))
                 while not self._stopped.is_set():
-                    requests.put(self._fetch())
+                    self._ask(requests, self._fetch())
                     answer = self._receive(call)
                     self._apply(answer)
                     if sum(len(r.frames) for r in answer.records) < MAX_RESPONSE_BYTES:
@@ -133,10 +147,15 @@ class ReplicaFetcher(threading.Thread):
             finally:
                 requests.put(None)
                 call.cancel()
-                self._call = None
+                self._call = self._asked_at = None
+
+    def _ask(self, requests: queue_mod.SimpleQueue, fetch: pb.ReplicaFetch) -> None:
+        self._asked_at = time.monotonic()
+        requests.put(fetch)
 
     def _receive(self, call) -> pb.ReplicaData:
         answer = next(call)
+        self._asked_at = None
         self.promise.renew()  # before the next fetch tells the master it was received
         return answer
 

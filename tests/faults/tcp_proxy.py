@@ -12,7 +12,10 @@ __all__ = ["TcpProxy"]
 class TcpProxy:
     """Forwards ``127.0.0.1:<port>`` to ``target`` (``host:port``; or the one ``forward_to`` names
     later, for a target that must know the proxy's address before it starts). ``cut()`` drops
-    every connection and refuses new ones (they are closed at once) until ``heal()``."""
+    every connection and refuses new ones (they are closed at once) until ``heal()``.
+    ``silence()`` makes the connections open now half-open: what either end sends is dropped and
+    neither learns it (no close, no reset), as when the host between them vanishes; new
+    connections are forwarded."""
 
     def __init__(self, target: str | None = None) -> None:
         self.target: tuple[str, int] | None = None  # connections are refused until it is known
@@ -23,6 +26,7 @@ class TcpProxy:
         self._cut = threading.Event()
         self._lock = threading.Lock()
         self._open: set[socket.socket] = set()
+        self._silenced: set[socket.socket] = set()
         threading.Thread(target=self._accept, name="tcp-proxy", daemon=True).start()
 
     @property
@@ -39,6 +43,10 @@ class TcpProxy:
             for sock in self._open:
                 _close(sock)
             self._open.clear()
+
+    def silence(self) -> None:
+        with self._lock:
+            self._silenced.update(self._open)
 
     def heal(self) -> None:
         self._cut.clear()
@@ -72,7 +80,8 @@ class TcpProxy:
             while data := src.recv(65536):
                 if self._cut.is_set():
                     break
-                dst.sendall(data)
+                if src not in self._silenced:
+                    dst.sendall(data)
         except OSError:
             pass
         finally:

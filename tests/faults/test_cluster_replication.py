@@ -5,6 +5,9 @@ finds the master); the master is then killed, the slave takes over, and its stor
 and judged against every send by the strict checker: nothing acknowledged missing, nothing
 twice, every key in order. A queue lock granted by the new master carries a greater fencing epoch
 than the old master's, whose holder is refused.
+
+And a slave whose replication stream goes silent (half-open: no close, no reset) drops it and
+dials again, catching up with what was sent meanwhile.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from connector.client import Admin
 from connector.client.connection import BrokerConnection, pb
 from connector.history import History, check
 from tests.faults.fault_profile import PROFILE
-from tests.faults.workload import keyed_producers, stored_deliveries
+from tests.faults.workload import KeyedProducer, keyed_producers, stored_deliveries
+from tests.support import wait_until
 
 TOPIC, GROUP, QUEUES = "orders", "order-service", 4
 
@@ -63,3 +67,49 @@ def test_sync_replication_puts_every_acknowledged_send_on_the_slave(broker_group
     assert acked == len(history.sends), [f for p in producers for f in p.failures]
     assert log.ok and log.lost == 0, str(log)
     assert new_epoch > old_epoch, (old_epoch, new_epoch)
+
+
+def _send_all(address: str, history: History, keys: list[str], limit: int) -> list:
+    producers = [KeyedProducer(address, TOPIC, [key], history, rate=10 * PROFILE.send_rate, limit=limit)
+                 for key in keys]
+    for producer in producers:
+        producer.start()
+    for producer in producers:
+        producer.join()
+    return [f for p in producers for f in p.failures]
+
+
+def test_a_slave_whose_stream_went_silent_dials_again_and_catches_up(broker_group, tcp_proxy, fault_report):
+    link = tcp_proxy()  # the slave's way to broker 0, which advertises it
+    group = broker_group(2, min_sync_replicas=1, settings_of={0: {"advertised_address": link.address}})
+    master, slave = group.brokers
+    link.forward_to(master.address)
+    assert group.wait_for_master() is master
+    with Admin(group.addresses) as admin:
+        admin.create_topic(TOPIC, QUEUES)
+    history = History()
+    failures = _send_all(group.addresses, history, ["a", "b", "c"], 5 * PROFILE.send_rate)
+
+    def replica():
+        return next(iter(group.health(master).replicas), None)
+
+    assert wait_until(lambda: (r := replica()) is not None and r.in_sync_set and r.behind_messages == 0)
+    link.silence()  # the open connections now: the slave's stream alone (the producers closed theirs)
+    silenced = time.monotonic()
+    failures += _send_all(group.addresses, history, ["d", "e", "f"], 20)
+    behind_at_end_of_sends = replica().behind_messages
+    # back in the sync-state set (only its members may take over)
+    caught_up = wait_until(lambda: (r := replica()).in_sync_set and r.behind_messages == 0, timeout=60)
+    recovered_s = time.monotonic() - silenced
+    assert caught_up, f"the slave never caught up after its stream went silent ({replica()})"
+
+    master.kill9()
+    promoted = group.wait_for_master(exclude=master)
+    assert promoted is slave
+    with BrokerConnection(promoted.address) as conn:
+        log = check(history.sends, stored_deliveries(conn, TOPIC))
+    fault_report("cluster: slave's stream silenced, redialed", {"log": log}, sent=len(history.sends),
+                 behind_when_sends_ended=behind_at_end_of_sends, caught_up_after_s=round(recovered_s, 1))
+    assert behind_at_end_of_sends > 0, "the silenced stream still carried records"
+    assert not failures, failures
+    assert log.ok and log.lost == 0, str(log)
