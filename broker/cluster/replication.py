@@ -56,7 +56,6 @@ class _Follower:
     promised: dict[str, int] | None = None  # the master's ends when it built its last answer
     promised_at: float = 0.0
     txn_seq: int = 0  # the last transaction change the slave applied
-    answer_sent_at: float | None = None  # when the last answer on its stream was sent
     promise_from: float = 0.0  # when the last answer it acknowledged receiving was sent
 
 
@@ -240,11 +239,14 @@ class ReplicaSource:
 
         loop = asyncio.get_running_loop()
         follower_id = None
+        # When this stream's last answer was sent: the next fetch on this stream (not on another of
+        # the slave's, which may have replaced a half-open one) says it was received.
+        sent_at = None
         try:
             async for fetch in requests:
                 follower_id = fetch.broker_id
                 try:
-                    answer = await loop.run_in_executor(self._pool, self._answer, fetch)
+                    answer, sent_at = await loop.run_in_executor(self._pool, self._answer, fetch, sent_at)
                 except Exception as exc:  # noqa: BLE001 - every failure must become a status
                     code, message, _ = to_status(exc)
                     await context.abort(code, message, trailing_metadata=status_metadata(exc))
@@ -258,15 +260,17 @@ class ReplicaSource:
                     if follower is not None:
                         follower.connected = False
 
-    def _answer(self, fetch: pb.ReplicaFetch) -> pb.ReplicaData:
+    def _answer(self, fetch: pb.ReplicaFetch, received: float | None) -> tuple[pb.ReplicaData, float]:
+        """The answer to ``fetch`` and when it was sent (at the latest: the slave's promise runs
+        from its receipt); ``received``: when the stream's previous answer, which ``fetch``
+        acknowledges, was sent."""
         with self._cond:
             if not self._active or fetch.group_epoch != self.epoch:
                 raise self.not_master()
             if fetch.handshake:
-                follower = self._followers.setdefault(fetch.broker_id, _Follower())
-                follower.answer_sent_at = time.monotonic()
-                return pb.ReplicaData(group_epoch=self.epoch, epoch_history=self.history.encoded())
-            self._acknowledge(fetch)
+                self._followers.setdefault(fetch.broker_id, _Follower())
+                return pb.ReplicaData(group_epoch=self.epoch, epoch_history=self.history.encoded()), time.monotonic()
+            self._acknowledge(fetch, received)
         deadline = time.monotonic() + FETCH_WAIT_S
         while True:
             with self._cond:
@@ -281,16 +285,15 @@ class ReplicaSource:
                     self._cond.wait(deadline - time.monotonic())
         with self._cond:
             follower = self._followers[fetch.broker_id]
-            follower.promised = complete
-            follower.promised_at = follower.answer_sent_at = time.monotonic()
-        return answer
+            follower.promised, follower.promised_at = complete, (sent := time.monotonic())
+        return answer, sent
 
-    def _acknowledge(self, fetch: pb.ReplicaFetch) -> None:
+    def _acknowledge(self, fetch: pb.ReplicaFetch, received: float | None) -> None:
         """Under the lock: record where the slave stands; wake the sends waiting for it."""
         follower = self._followers.setdefault(fetch.broker_id, _Follower())
         follower.connected = True
-        if follower.answer_sent_at is not None:  # this fetch follows the answer: it was received
-            follower.promise_from = follower.answer_sent_at
+        if received is not None:
+            follower.promise_from = max(follower.promise_from, received)
         ends = {queue_key(p.topic, p.queue_id): p.offset for p in fetch.ends}
         if any(ends.get(key, 0) < end for key, end in follower.ends.items()):
             follower.last_caught_up = 0.0  # it lost what it had (a wiped data dir): out of the set now

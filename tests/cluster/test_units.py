@@ -1,22 +1,25 @@
 """The cluster's parts without ZooKeeper or a network: settings, epoch truncation, the storage
 calls replication makes (frames read and appended verbatim, tails cut), the lock epoch floor,
-offset snapshots, and the transaction table's changes and copies."""
+offset snapshots, the transaction table's changes and copies, and the promises a master counts."""
 
 from __future__ import annotations
 
 import pytest
 
+from broker.cluster.control import GroupState
 from broker.cluster.epochs import EpochHistory, truncation_points
 from broker.cluster.follower import CampaignPromise
+from broker.cluster.replication import ReplicaSource
 from broker.cluster.txnlog import TxnChangeLog, apply_changes, table_changes
 from broker.config import BrokerConfig
 from broker.locks import LockManager
 from broker.offsets import OffsetStore
 from broker.proto import orderlymq_pb2 as pb
+from broker.service import BrokerService
 from broker.storage import QueueLog
 from broker.transactions import ABORTED, COMMITTED, TransactionManager
 from broker.wire import codec
-from broker.wire.errors import DamagedRecordError, InvalidOptionError, OffsetOutOfRangeError
+from broker.wire.errors import DamagedRecordError, InvalidOptionError, NotMasterError, OffsetOutOfRangeError
 
 
 def batch(start: int, n: int) -> tuple[bytes, int]:
@@ -100,6 +103,24 @@ def test_a_campaign_promise_binds_from_the_start_renews_and_is_released():
 
 
 # -- storage calls of replication ----------------------------------------------------------------
+
+
+def test_a_promise_runs_from_an_answer_sent_on_the_stream_that_acknowledges_it(tmp_path):
+    """A slave that dialed again (its old stream half-open) acknowledges, on each stream, only
+    the answers it received there: an answer sent on the other may never have arrived."""
+    service = BrokerService(BrokerConfig(data_dir=str(tmp_path / "master")))
+    source = ReplicaSource(service, EpochHistory(tmp_path / "epochs.json"), 0, lambda: NotMasterError("stepped down"))
+    source.activate(GroupState(1, 0, "", frozenset({0, 1})), {})
+    handshake = pb.ReplicaFetch(broker_id=1, group_epoch=1, handshake=True)
+    fetch = pb.ReplicaFetch(broker_id=1, group_epoch=1)
+    _, old_sent = source._answer(handshake, None)  # the old stream's
+    _, new_sent = source._answer(handshake, None)  # the new stream's, answered later
+    source._answer(fetch, old_sent)  # on the old stream: the new stream's answer is not acknowledged
+    assert source.promised_until(1.0) == old_sent + 1.0 < new_sent + 1.0
+    source._answer(fetch, new_sent)
+    assert source.promised_until(1.0) == new_sent + 1.0
+    source.close()
+    service.close()
 
 
 def test_frames_appended_on_a_replica_read_back_the_same_with_their_producer_state(tmp_path):
