@@ -31,7 +31,7 @@ from broker.persist import wall_ms
 from broker.proto import orderlymq_pb2 as pb
 from broker.storage import Store
 from broker.storage.queue_log import QueueLog
-from broker.transactions import TransactionManager
+from broker.transactions import TransactionManager, prepare_change
 from broker.wire import codec
 from broker.wire.errors import InvalidRequestError, OffsetOutOfRangeError
 from broker.wire.pull_response import encode_pull_response
@@ -329,14 +329,16 @@ class BrokerService:
     def _apply_commit(self, txn_id: str) -> tuple[bool, int]:
         """Append a transaction's staged batches: one record per queue, in send order. Appends
         carry (txn, sequence 0) as producer identity, so re-applying after a crash stores nothing twice."""
-        self._still_master()
-        already, staged = self.txns.prepare_commit(txn_id, self._queue_ends)
+        with self._txn_changes() as record:  # the slaves move it to COMMITTING before any record is appended
+            already, staged = self.txns.prepare_commit(txn_id, self._queue_ends)
+            starts = self.txns.commit_starts(txn_id)
+            if not already:
+                record(prepare_change(txn_id, starts))
         if already:
             return True, 0
         per_queue: dict[tuple[str, int], list[memoryview]] = defaultdict(list)
         for topic, queue_id, payload in staged:
             per_queue[(topic, queue_id)].append(payload)
-        starts = self.txns.commit_starts(txn_id)
         appends = [functools.partial(self._append_staged, txn_id, queue, payloads, starts.get(queue))
                    for queue, payloads in per_queue.items()]
         if len(appends) > 1 and sum(len(payload) for _, _, payload in staged) >= _PARALLEL_COMMIT_BYTES:

@@ -48,6 +48,7 @@ from typing import Any, BinaryIO
 import crc32c
 
 from broker.persist import disk_full_as_error, fsync_dir, read_json, wall_ms, write_json_atomic
+from broker.proto import orderlymq_pb2 as pb
 from broker.wire.errors import (
     InternalBrokerError,
     InvalidRequestError,
@@ -55,7 +56,7 @@ from broker.wire.errors import (
     TransactionNotFoundError,
 )
 
-__all__ = ["ABORTED", "COMMITTED", "COMMITTING", "MAX_TXN_ID_LENGTH", "OPEN", "TransactionManager"]
+__all__ = ["ABORTED", "COMMITTED", "COMMITTING", "MAX_TXN_ID_LENGTH", "OPEN", "TransactionManager", "prepare_change"]
 
 log = logging.getLogger(__name__)
 
@@ -228,10 +229,11 @@ class TransactionManager:
             return True
 
     def prepare_commit(self, txn_id: str, ends: Callable[[list[tuple[str, int]]], dict[tuple[str, int], int]]
-                       | None = None) -> tuple[bool, list[tuple[str, int, memoryview]]]:
+                       | None = None, replay: bool = False) -> tuple[bool, list[tuple[str, int, memoryview]]]:
         """Move ``txn_id`` to COMMITTING (durably) and return what to apply. ``ends`` gives the end
         offsets of the staged sends' queues: recorded with the move (``commit_starts``), they say
-        where a commit re-applied later finds what its first attempt appended.
+        where a commit re-applied later finds what its first attempt appended. ``replay``: a
+        slave replaying its master's move, which the idle time here does not overrule.
 
         Returns
         -------
@@ -257,7 +259,7 @@ class TransactionManager:
                 if rec["state"] == COMMITTED:
                     return True, []
                 if rec["state"] != COMMITTING:
-                    rec = self._require_open(txn_id, now, "commit")
+                    rec = self._require_open(txn_id, now, "commit", check_idle=not replay)
             # Holding the id's stripe: no send can be staged into it while it is read.
             entries = list(self._read_staged(txn_id))
             if rec["state"] == OPEN:
@@ -412,11 +414,11 @@ class TransactionManager:
 
     # ---- state changes (callers hold the id's stripe and the mutex) -------------------------
 
-    def _require_open(self, txn_id: str, now: int, action: str) -> dict[str, Any]:
+    def _require_open(self, txn_id: str, now: int, action: str, check_idle: bool = True) -> dict[str, Any]:
         rec = self._txns.get(txn_id)
         if rec is None:
             raise _not_found(txn_id)
-        if rec["state"] == OPEN and self._idle_expired(txn_id, rec, now):
+        if check_idle and rec["state"] == OPEN and self._idle_expired(txn_id, rec, now):
             self._abort_locked(txn_id, now, _REASON_TIMEOUT)
             rec = self._txns[txn_id]
         if rec["state"] == ABORTED:
@@ -672,6 +674,13 @@ def _valid_record(rec: Any) -> dict[str, Any]:
     if not ok:
         raise ValueError(f"bad transaction record {rec!r}")
     return rec
+
+
+def prepare_change(txn_id: str, starts: dict[tuple[str, int], int]) -> pb.TxnChange:
+    """What tells a broker group's slaves that ``txn_id`` moved to COMMITTING from ``starts``
+    (``broker.cluster.txnlog``)."""
+    return pb.TxnChange(kind=pb.TxnChange.PREPARE, txn_id=txn_id, starts=[
+        pb.QueuePosition(topic=topic, queue_id=queue_id, offset=at) for (topic, queue_id), at in starts.items()])
 
 
 def _check_id(txn_id: str) -> None:

@@ -9,7 +9,10 @@ one, so a copy and the number it is sent with always agree.
 
 A committed transaction's records reach the slave through its queues (with the producer id
 ``txn:<id>``, so a commit replayed on a new master stores nothing twice); the COMMIT change only
-marks it committed there.
+marks it committed there. Its PREPARE change, applied by the slaves before the first record is
+appended, moves it to COMMITTING with the queue ends it started from: a slave promoted in the
+middle of the commit finishes it (the master does so at its start), finding from those ends what
+was appended already.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from collections import deque
 from collections.abc import Iterator
 
 from broker.proto import orderlymq_pb2 as pb
-from broker.transactions import ABORTED, COMMITTED, COMMITTING, OPEN, TransactionManager
+from broker.transactions import ABORTED, COMMITTED, COMMITTING, OPEN, TransactionManager, prepare_change
 from broker.wire.errors import OrderlyMQError
 
 __all__ = ["TxnChangeLog", "apply_changes", "table_changes"]
@@ -109,6 +112,8 @@ def table_changes(txns: TransactionManager) -> list[pb.TxnChange]:
         changes.append(pb.TxnChange(kind=Kind.BEGIN, txn_id=txn_id, timeout_ms=timeout_ms))
         changes += [pb.TxnChange(kind=Kind.STAGE, txn_id=txn_id, topic=topic, queue_id=queue_id, payload=payload)
                     for topic, queue_id, payload in txns.staged(txn_id)]
+        if state == COMMITTING:
+            changes.append(prepare_change(txn_id, txns.commit_starts(txn_id)))
     return changes
 
 
@@ -122,10 +127,14 @@ def apply_changes(txns: TransactionManager, changes) -> None:
         elif change.kind == Kind.ABORT:
             with contextlib.suppress(OrderlyMQError):  # aborted already
                 txns.abort(change.txn_id)
+        elif change.kind == Kind.PREPARE:
+            starts = {(p.topic, p.queue_id): p.offset for p in change.starts}
+            if txns.state(change.txn_id) == OPEN:
+                txns.prepare_commit(change.txn_id, lambda _queues, starts=starts: starts, replay=True)
         elif change.kind == Kind.COMMIT:
             state = txns.state(change.txn_id)
             if state == OPEN:
-                txns.prepare_commit(change.txn_id)
+                txns.prepare_commit(change.txn_id, replay=True)
                 state = COMMITTING
             if state == COMMITTING:
                 txns.mark_committed(change.txn_id)

@@ -73,7 +73,7 @@ class ReplicaData(_message.Message):
     def __init__(self, group_epoch: _Optional[int] = ..., topics: _Optional[_Mapping[str, int]] = ..., records: _Optional[_Iterable[_Union[ReplicaRecords, _Mapping]]] = ..., offsets_version: _Optional[int] = ..., offsets: _Optional[bytes] = ..., epoch_history: _Optional[bytes] = ..., txn_changes: _Optional[_Iterable[_Union[TxnChange, _Mapping]]] = ..., txn_table: _Optional[bool] = ..., txn_seq: _Optional[int] = ...) -> None: ...
 
 class TxnChange(_message.Message):
-    __slots__ = ("kind", "txn_id", "timeout_ms", "topic", "queue_id", "payload", "state")
+    __slots__ = ("kind", "txn_id", "timeout_ms", "topic", "queue_id", "payload", "state", "starts")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         BEGIN: _ClassVar[TxnChange.Kind]
@@ -81,11 +81,13 @@ class TxnChange(_message.Message):
         ABORT: _ClassVar[TxnChange.Kind]
         COMMIT: _ClassVar[TxnChange.Kind]
         FINISHED: _ClassVar[TxnChange.Kind]
+        PREPARE: _ClassVar[TxnChange.Kind]
     BEGIN: TxnChange.Kind
     STAGE: TxnChange.Kind
     ABORT: TxnChange.Kind
     COMMIT: TxnChange.Kind
     FINISHED: TxnChange.Kind
+    PREPARE: TxnChange.Kind
     KIND_FIELD_NUMBER: _ClassVar[int]
     TXN_ID_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
@@ -93,6 +95,7 @@ class TxnChange(_message.Message):
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
+    STARTS_FIELD_NUMBER: _ClassVar[int]
     kind: TxnChange.Kind
     txn_id: str
     timeout_ms: int
@@ -100,7 +103,8 @@ class TxnChange(_message.Message):
     queue_id: int
     payload: bytes
     state: str
-    def __init__(self, kind: _Optional[_Union[TxnChange.Kind, str]] = ..., txn_id: _Optional[str] = ..., timeout_ms: _Optional[int] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., payload: _Optional[bytes] = ..., state: _Optional[str] = ...) -> None: ...
+    starts: _containers.RepeatedCompositeFieldContainer[QueuePosition]
+    def __init__(self, kind: _Optional[_Union[TxnChange.Kind, str]] = ..., txn_id: _Optional[str] = ..., timeout_ms: _Optional[int] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., payload: _Optional[bytes] = ..., state: _Optional[str] = ..., starts: _Optional[_Iterable[_Union[QueuePosition, _Mapping]]] = ...) -> None: ...
 
 class TopicRoute(_message.Message):
     __slots__ = ("topic", "broker_name", "queue_count", "groups")

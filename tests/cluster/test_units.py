@@ -17,7 +17,7 @@ from broker.offsets import OffsetStore
 from broker.proto import orderlymq_pb2 as pb
 from broker.service import BrokerService
 from broker.storage import QueueLog
-from broker.transactions import ABORTED, COMMITTED, TransactionManager
+from broker.transactions import ABORTED, COMMITTED, COMMITTING, TransactionManager, prepare_change
 from broker.wire import codec
 from broker.wire.errors import DamagedRecordError, InvalidOptionError, NotMasterError, OffsetOutOfRangeError
 
@@ -216,6 +216,28 @@ def test_a_copied_transaction_table_holds_open_sends_and_finished_ids(tmp_path):
     apply_changes(replica, table_changes(master))
     assert replica.state("done") == COMMITTED
     assert replica.prepare_commit("open") == (False, [("t", 1, b"first"), ("t", 0, b"second")])
+
+
+def test_a_commit_in_progress_reaches_slaves_as_committing_from_its_queue_ends(tmp_path):
+    """Replayed or copied, a transaction the master moved to COMMITTING is COMMITTING on the
+    slave, with the queue ends it started from; the slave's own idle clock does not abort it."""
+    now = [0]
+    master = TransactionManager(tmp_path / "master", fsync=False)
+    master.begin("c", 1_000)
+    master.stage("c", "t", 0, b"x")
+    master.prepare_commit("c", lambda queues: dict.fromkeys(queues, 7))
+    replayed = TransactionManager(tmp_path / "replayed", fsync=False, clock=lambda: now[0])
+    Kind = pb.TxnChange.Kind
+    apply_changes(replayed, [pb.TxnChange(kind=Kind.BEGIN, txn_id="c", timeout_ms=1_000),
+                             pb.TxnChange(kind=Kind.STAGE, txn_id="c", topic="t", queue_id=0, payload=b"x")])
+    now[0] = 5_000  # idle here past its timeout: the master, which decides, is committing it
+    apply_changes(replayed, [prepare_change("c", master.commit_starts("c"))])
+    copied = TransactionManager(tmp_path / "copied", fsync=False)
+    apply_changes(copied, table_changes(master))
+    for slave in (replayed, copied):
+        assert slave.state("c") == COMMITTING
+        assert slave.commit_starts("c") == {("t", 0): 7}
+        assert slave.committing() == ["c"]  # finished by the slave once it is promoted
 
 
 def test_replayed_changes_follow_the_master_and_a_commit_needs_no_records(tmp_path):

@@ -6,14 +6,23 @@ slave) and leaves a second one open with sends staged; the master is then killed
 master the first is known as committed (a replayed commit stores nothing again) and the second
 is still open with everything it staged: committed there, its messages become visible once. The
 log, read back, is judged by the strict checker against every send.
+
+And a commit cut short on the master (its disk filled midway: some queues appended, some not)
+is finished by the slave promoted after it, by itself: the slave knew the transaction was
+committing, and from where, before the first record was appended.
 """
 
 from __future__ import annotations
 
+import pytest
+
+from broker.wire.errors import DiskFullError
 from connector.client import Admin, Producer
 from connector.client.connection import BrokerConnection, pb
 from connector.history import History, check
 from tests.faults.workload import body, stored_deliveries
+from tests.support import send_rows, wait_until
+from tests.tmpfs import Ballast, mounted_tmpfs
 
 TOPIC, QUEUES = "orders", 2
 KEYS, PER_TXN = ["a", "b", "c"], 30
@@ -57,3 +66,41 @@ def test_committed_and_open_transactions_survive_a_failover(broker_group, fault_
     assert replay.already_committed, "the new master did not know the committed transaction"
     assert open_state == "OPEN" and applied == PER_TXN
     assert log.ok, str(log)
+
+
+def test_a_commit_cut_short_on_the_master_is_finished_by_the_promoted_slave(tmp_path, broker_group, fault_report):
+    history, queues = History(), 4
+    # The master's data dir on a disk of 6 MiB; its slave's on the ordinary one. The slave alone
+    # will serve: it must not wait for the old master to acknowledge.
+    with mounted_tmpfs(tmp_path / "group-0" / "broker-0", 6144) as disk:
+        group = broker_group(2, min_sync_replicas=1)
+        old, slave = group.brokers
+        assert group.wait_for_master() is old
+        with Admin(group.addresses) as admin:
+            admin.create_topic(TOPIC, queues)
+        with BrokerConnection(old.address, retry_timeout=10) as conn:
+            conn.call("BeginTxn", pb.BeginTxnRequest(txn_id="big"))
+            for seq in range(40):  # 1.6 MB over four queues, appended side by side at commit
+                key = f"k{seq % queues}"
+                send_rows(conn, TOPIC, seq % queues, [{"key": key, "body": body(key, seq), "properties": BIG}],
+                          txn_id="big")
+                history.sent(key, seq, acked=True)
+            Ballast(disk).fill(leave_bytes=900_000)
+            with pytest.raises(DiskFullError):
+                conn.call("CommitTxn", pb.CommitTxnRequest(txn_id="big"))
+            # what the master serves: what its slave holds (sync replication)
+            before = sum(conn.call("QueryOffsets", pb.QueryOffsetsRequest(topic=TOPIC, queue_id=q)).max_offset
+                         for q in range(queues))
+        old.kill9()
+        assert group.wait_for_master(exclude=old) is slave
+        with BrokerConnection(slave.address) as conn:
+            finished = wait_until(lambda: conn.call("BeginTxn", pb.BeginTxnRequest(txn_id="big")).state
+                                  == "COMMITTED", timeout=30)
+            log = check(history.sends, stored_deliveries(conn, TOPIC))
+            replay = conn.call("CommitTxn", pb.CommitTxnRequest(txn_id="big"))
+    fault_report("cluster: a commit cut short, finished by the promoted slave", {"log": log},
+                 on_slave_before_failover=before, finished_by_new_master=finished)
+    assert 0 < before < 40, f"the commit was not cut short midway: {before} of 40 on the slave"
+    assert finished, "the new master left the interrupted commit unfinished"
+    assert replay.already_committed
+    assert log.ok and log.lost == 0, str(log)
