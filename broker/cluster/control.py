@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -26,6 +25,8 @@ from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from kazoo.protocol.connection import ConnectionHandler
 from kazoo.protocol.serialization import Connect
+
+from broker.cluster import lease_clock
 
 __all__ = ["GroupControl", "GroupState"]
 
@@ -85,7 +86,7 @@ class GroupControl:
         self.client._connection = _NegotiationRecorder(self.client, built.retry_sleeper, logger=built.logger,
                                                        sasl_options=built.sasl_options)
         self.address = ""
-        self.heard_at = 0.0  # when the last request ZooKeeper answered was sent (time.monotonic())
+        self.heard_at = 0.0  # when the last request ZooKeeper answered was sent (lease_clock)
         self._heartbeat_sent: float | None = None
         self._session_lost = threading.Event()
         self.client.add_listener(self._on_session)
@@ -122,7 +123,7 @@ class GroupControl:
         return self.client.state == KazooState.CONNECTED
 
     def session_alive_until(self, fraction: float) -> float:
-        """Before this moment (``time.monotonic()``) ZooKeeper cannot have expired this broker's
+        """Before this moment (``lease_clock.now()``) ZooKeeper cannot have expired this broker's
         session, counting only ``fraction`` of the session timeout: it expires a session a session
         timeout after it last heard from it, and it heard from it after ``heard_at``, when a
         request it answered was sent. 0 once the session was lost, until ``renew_if_lost``."""
@@ -133,7 +134,7 @@ class GroupControl:
     def heartbeat(self) -> None:
         """Ask ZooKeeper something small (answered asynchronously) to renew ``heard_at``; at most
         one question out at a time, one an eighth of a session after the last."""
-        now = time.monotonic()
+        now = lease_clock.now()
         sent = self._heartbeat_sent
         if not self.connected or (sent is not None and now - sent < self.session_timeout_s) or (
                 now - self.heard_at < self.session_timeout_s / 8):
@@ -188,7 +189,7 @@ class GroupControl:
     # -- reading -------------------------------------------------------------------------------
 
     def state(self) -> GroupState | None:
-        sent = time.monotonic()
+        sent = lease_clock.now()
         try:
             raw, stat = self.client.get(f"{self.root}/state")
         except NoNodeError:

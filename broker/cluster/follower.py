@@ -23,6 +23,7 @@ import time
 
 import grpc
 
+from broker.cluster import lease_clock
 from broker.cluster.epochs import EpochHistory, queue_key, truncation_points
 from broker.cluster.link import ReplicationLink
 from broker.cluster.replication import MAX_RESPONSE_BYTES
@@ -53,18 +54,18 @@ class CampaignPromise:
 
     def __init__(self, length_s: float) -> None:
         self.length_s = length_s
-        self.until = time.monotonic() + length_s
+        self.until = lease_clock.now() + length_s
 
     def renew(self) -> None:
-        self.until = max(self.until, time.monotonic() + self.length_s)
+        self.until = max(self.until, lease_clock.now() + self.length_s)
 
     def release(self) -> None:
-        self.until = time.monotonic()
+        self.until = lease_clock.now()
 
     @property
     def kept(self) -> bool:
         """True once the promise binds no more: this broker may campaign."""
-        return time.monotonic() >= self.until
+        return lease_clock.now() >= self.until
 
 
 class ReplicaFetcher(threading.Thread):

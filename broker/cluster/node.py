@@ -50,6 +50,7 @@ from collections.abc import Callable, Iterator
 
 from kazoo.exceptions import ConnectionLoss, OperationTimeoutError, SessionExpiredError
 
+from broker.cluster import lease_clock
 from broker.cluster.control import GroupControl, GroupState
 from broker.cluster.epochs import EpochHistory, queue_key
 from broker.cluster.follower import CampaignPromise, ReplicaFetcher
@@ -136,7 +137,7 @@ class ClusterNode:
 
     def serving(self) -> bool:
         """Whether this master may serve now: one of its leases holds (module docstring)."""
-        now = time.monotonic()
+        now = lease_clock.now()
         return now < self.control.session_alive_until(_LEASE_FRACTION) or (
             now < self.source.promised_until(_LEASE_FRACTION * self.promise.length_s))
 

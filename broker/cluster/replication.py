@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import grpc
 from google.protobuf.message import DecodeError
 
+from broker.cluster import lease_clock
 from broker.cluster.control import GroupState
 from broker.cluster.epochs import EpochHistory, queue_key
 from broker.cluster.txnlog import TxnChangeLog, table_changes
@@ -165,7 +166,7 @@ class ReplicaSource:
 
     def sync_set_change(self) -> frozenset[int] | None:
         """The sync-state set as it should be now, or None when it is right as it is."""
-        now = time.monotonic()
+        now = lease_clock.now()
         lag_s = self.config.replica_lag_timeout_ms / 1000
         with self._cond:
             if not self._active:
@@ -194,7 +195,7 @@ class ReplicaSource:
             return (wanted & self.sync_set) | admitted
 
     def promised_until(self, promise_s: float) -> float:
-        """Until when (``time.monotonic()``) no other member of the sync-state set can campaign:
+        """Until when (``lease_clock.now()``) no other member of the sync-state set can campaign:
         each promised so for ``promise_s`` after receiving an answer this master sent. Infinite
         for a set of this broker alone: no one else may campaign at all."""
         with self._cond:
@@ -214,7 +215,7 @@ class ReplicaSource:
 
     def replica_status(self) -> list[pb.ReplicaStatus]:
         """Each slave as this master sees it: connected, in the set, how far behind."""
-        now = time.monotonic()
+        now = lease_clock.now()
         ends = self._ends()
         with self._cond:
             return [pb.ReplicaStatus(
@@ -269,7 +270,7 @@ class ReplicaSource:
                 raise self.not_master()
             if fetch.handshake:
                 self._followers.setdefault(fetch.broker_id, _Follower())
-                return pb.ReplicaData(group_epoch=self.epoch, epoch_history=self.history.encoded()), time.monotonic()
+                return pb.ReplicaData(group_epoch=self.epoch, epoch_history=self.history.encoded()), lease_clock.now()
             self._acknowledge(fetch, received)
         deadline = time.monotonic() + FETCH_WAIT_S
         while True:
@@ -285,7 +286,7 @@ class ReplicaSource:
                     self._cond.wait(deadline - time.monotonic())
         with self._cond:
             follower = self._followers[fetch.broker_id]
-            follower.promised, follower.promised_at = complete, (sent := time.monotonic())
+            follower.promised, follower.promised_at = complete, (sent := lease_clock.now())
         return answer, sent
 
     def _acknowledge(self, fetch: pb.ReplicaFetch, received: float | None) -> None:
