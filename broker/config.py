@@ -75,6 +75,11 @@ class BrokerConfig:
         Pull limits used when a request asks for 0 (and upper bounds of what it may ask).
     max_wait_ms : int
         Upper bound of a long-polling pull's wait.
+    keepalive_ms : int
+        How often the broker checks a quiet client connection (gRPC keepalive pings; TCP
+        keepalive on the send port). One that does not answer within 20 s (``keepalive_ms`` if
+        shorter) is closed with its calls: a client whose host vanished, or whose connection a
+        firewall dropped silently, keeps no stream and no file descriptor open for long.
     metrics_port : int
         HTTP port of the Prometheus endpoint ``/metrics`` on ``host``; -1 (the default) serves none,
         0 picks a free port.
@@ -159,6 +164,7 @@ class BrokerConfig:
     max_pull_messages: int = 10_000
     max_pull_bytes: int = 16 * MIB
     max_wait_ms: int = 30_000
+    keepalive_ms: int = 60_000
     workers: int = 64
     metrics_port: int = -1
     send_port: int = 0
@@ -186,6 +192,11 @@ class BrokerConfig:
     zookeeper_tls_cert_file: str = ""
     zookeeper_tls_key_file: str = ""
     zookeeper_auth_file: str = ""
+
+    @property
+    def keepalive_timeout_ms(self) -> int:
+        """How long a quiet client connection checked every ``keepalive_ms`` has to answer."""
+        return min(20_000, self.keepalive_ms)
 
     def __post_init__(self) -> None:
         if isinstance(self.data_dir, os.PathLike):
@@ -310,6 +321,7 @@ _INT_RANGES: dict[str, tuple[int, int | None, str]] = {
     "max_pull_messages": (1, _INT32_MAX, "messages"),
     "max_pull_bytes": (1, _INT32_MAX, "bytes"),
     "max_wait_ms": (0, _INT32_MAX, "milliseconds"),
+    "keepalive_ms": (1_000, _INT32_MAX, "milliseconds"),
     "workers": (1, 1024, "threads"),
     "metrics_port": (-1, 65535, "-1 serves no metrics, 0 picks a free port"),
     "send_port": (-1, 65535, "-1 serves none, 0 picks a free port"),

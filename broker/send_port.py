@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
 from collections import deque
 
@@ -62,17 +63,28 @@ async def serve_send_port(config: BrokerConfig, transport) -> SendPort:
     """Listen on ``config.host:config.send_port``."""
     port = SendPort()
     port.server = await asyncio.get_running_loop().create_server(
-        lambda: _Greeter(transport, config.max_request_bytes, port.connections), config.host, config.send_port)
+        lambda: _Greeter(transport, config, port.connections), config.host, config.send_port)
     port.port = port.server.sockets[0].getsockname()[1]
     return port
+
+
+def _keep_alive(sock, config: BrokerConfig) -> None:
+    """TCP keepalive as the gRPC port's: probed once quiet for ``keepalive_ms``, closed when
+    ``keepalive_timeout_ms`` of probes go unanswered."""
+    probes = 3
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, max(1, config.keepalive_ms // 1000))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, max(1, config.keepalive_timeout_ms // 1000 // probes))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, probes)
 
 
 class _Greeter(asyncio.Protocol):
     """A new connection until its hello: then the connection of the kind it asks for."""
 
-    def __init__(self, transport, max_frame: int, registry: set) -> None:
+    def __init__(self, transport, config: BrokerConfig, registry: set) -> None:
         self._transport = transport  # broker.server._Transport
-        self._max_frame = max_frame
+        self._config = config
+        self._max_frame = config.max_request_bytes
         self._registry = registry
         self._buffer = bytearray()
         self._conn: asyncio.Transport | None = None
@@ -80,6 +92,7 @@ class _Greeter(asyncio.Protocol):
     def connection_made(self, transport: asyncio.Transport) -> None:
         self._conn = transport
         self._registry.add(self)
+        _keep_alive(transport.get_extra_info("socket"), self._config)
 
     def abort(self) -> None:
         self._conn.abort()

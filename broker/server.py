@@ -411,6 +411,12 @@ async def _serve(config: BrokerConfig, transport: _Transport) -> tuple[grpc.aio.
         # 1,000 by default, which a burst of connecting clients reaches; admitted calls cost no thread.
         ("grpc.server.max_pending_requests", _MAX_PENDING_CALLS),
         ("grpc.server.max_pending_requests_hard_limit", _MAX_PENDING_CALLS),
+        # A client gone without a word (its host, or a firewall dropping the connection) would keep
+        # its streams open for good: pinged when quiet, it is dropped once it stops answering.
+        ("grpc.keepalive_time_ms", config.keepalive_ms),
+        ("grpc.keepalive_timeout_ms", config.keepalive_timeout_ms),
+        ("grpc.http2.ping_timeout_ms", config.keepalive_timeout_ms),  # what this gRPC times a keepalive ping by
+        ("grpc.keepalive_permit_without_calls", 1),
     ])
     server.add_generic_rpc_handlers((transport.generic_handler(),))
     if cluster is not None:

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import queue
 import urllib.request
 from pathlib import Path
 
+import grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from broker.metrics import METRICS
+from broker.proto import orderlymq_pb2_grpc as pb_grpc
+from broker.wire import codec
 from connector.client.connection import BrokerConnection, pb
-from tests.support import pull_all, send_rows
+from tests.faults.tcp_proxy import TcpProxy
+from tests.support import pull_all, send_rows, wait_until
 
 
 def scrape(port: int) -> dict[tuple[str, tuple], float]:
@@ -119,3 +124,29 @@ def test_counters_and_lag_agree_with_n_sent_through_the_producer_and_m_pulled(br
 def test_every_metric_is_in_the_observability_doc():
     doc = (Path(__file__).resolve().parents[2] / "docs" / "observability.md").read_text()
     assert [name for name in METRICS if f"`{name}`" not in doc] == []
+
+
+def test_a_client_gone_silent_is_dropped_with_its_stream(broker_factory, topic_name):
+    """A client whose connection went half-open (a vanished host, a firewall dropping it) is
+    pinged, does not answer, and is dropped: its stream does not stay open for good."""
+    broker = broker_factory(keepalive_ms=1_000, metrics_port=0)
+    proxy = TcpProxy(broker.address)
+    with BrokerConnection(broker.address) as conn:
+        conn.call("CreateTopic", pb.CreateTopicRequest(topic=topic_name, queue_count=1))
+
+    def open_streams() -> float:
+        return value(scrape(broker.metrics_port), "orderlymq_send_streams_open")
+
+    requests: queue.SimpleQueue = queue.SimpleQueue()
+    batch = codec.encode(codec.messages_to_batch([{"key": "k", "body": b"m"}]))
+    try:
+        with grpc.insecure_channel(proxy.address) as channel:
+            answers = pb_grpc.OrderlyMQStub(channel).SendStream(iter(requests.get, None))
+            requests.put(pb.SendRequest(topic=topic_name, queue_id=0, batch=batch))
+            assert next(answers).base_offset == 0
+            assert open_streams() == 1
+            proxy.silence()
+            assert wait_until(lambda: open_streams() == 0, timeout=30), "the silent client's stream stayed open"
+            requests.put(None)
+    finally:
+        proxy.close()
