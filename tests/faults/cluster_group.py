@@ -156,6 +156,15 @@ class Failover:
     first_ack_s: float | None  # from the kill -9 until a send was acknowledged again
 
 
+def group_behind(link, broker_group, **settings) -> BrokerGroup:
+    """A group of two whose master, broker 0, advertises ``link`` (a ``TcpProxy`` forwarding to
+    it): its slave, and clients sent to the master, dial it through the link a test cuts."""
+    group = broker_group(2, settings_of={0: {"advertised_address": link.address}}, **settings)
+    link.forward_to(group.brokers[0].address)
+    assert group.wait_for_master() is group.brokers[0]
+    return group
+
+
 def kill_masters(group: BrokerGroup, producers: list[KeyedProducer], kills: int) -> list[Failover]:
     """``kills`` times, a fault cycle apart: kill -9 the master, wait for another, start the killed
     broker again (back as a slave: it cuts what the group never had and catches up) and wait for a

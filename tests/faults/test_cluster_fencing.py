@@ -28,7 +28,7 @@ from broker.wire.errors import NotMasterError, from_rpc_error
 from connector.client import Admin
 from connector.client.connection import BrokerConnection
 from connector.history import History, check
-from tests.faults.cluster_group import CLUSTER_BROKER
+from tests.faults.cluster_group import CLUSTER_BROKER, group_behind
 from tests.faults.fault_profile import PROFILE
 from tests.faults.workload import KeyedProducer, body, stored_deliveries
 from tests.support import wait_until
@@ -70,10 +70,8 @@ def _max_offset(address: str, queue_id: int) -> int:
 def test_paused_master_is_fenced_and_its_unreplicated_tail_cut(broker_group, tcp_proxy, fault_report):
     link = tcp_proxy()  # the slave's way to broker 0: broker 0 advertises it, clients and slaves dial it
     # A long lag timeout: the slave, cut off while the tail is stored, must stay in the sync-state set.
-    group = broker_group(2, replica_lag_timeout_ms=600_000, settings_of={0: {"advertised_address": link.address}})
+    group = group_behind(link, broker_group, replica_lag_timeout_ms=600_000)
     old, new = group.brokers
-    link.forward_to(old.address)
-    assert group.wait_for_master() is old
     with Admin(group.addresses) as admin:
         admin.create_topic(TOPIC, QUEUES)
     history = History()

@@ -20,6 +20,7 @@ from broker.wire.errors import FencedError
 from connector.client import Admin
 from connector.client.connection import BrokerConnection, pb
 from connector.history import History, check
+from tests.faults.cluster_group import group_behind
 from tests.faults.fault_profile import PROFILE
 from tests.faults.workload import KeyedProducer, keyed_producers, stored_deliveries
 from tests.support import wait_until
@@ -81,10 +82,8 @@ def _send_all(address: str, history: History, keys: list[str], limit: int) -> li
 
 def test_a_slave_whose_stream_went_silent_dials_again_and_catches_up(broker_group, tcp_proxy, fault_report):
     link = tcp_proxy()  # the slave's way to broker 0, which advertises it
-    group = broker_group(2, min_sync_replicas=1, settings_of={0: {"advertised_address": link.address}})
+    group = group_behind(link, broker_group, min_sync_replicas=1)
     master, slave = group.brokers
-    link.forward_to(master.address)
-    assert group.wait_for_master() is master
     with Admin(group.addresses) as admin:
         admin.create_topic(TOPIC, QUEUES)
     history = History()
