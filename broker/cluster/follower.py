@@ -41,10 +41,11 @@ log = logging.getLogger(__name__)
 _RETRY_S = 0.2
 _REFUSED = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
 _REFUSED_RETRY_S = 2.0
-# The master answers an idle fetch within half a second (replication.FETCH_WAIT_S): a fetch left
+# The master answers an idle fetch within half a second (replication.FETCH_WAIT_S), and a full
+# answer (MAX_RESPONSE_BYTES) in well under this on any link faster than 300 KB/s: a fetch left
 # unanswered this long means a connection gone silent (a half-open TCP connection never breaks by
 # itself), so the stream is dropped and dialed afresh.
-_ANSWER_TIMEOUT_S = 5.0
+_ANSWER_TIMEOUT_S = 15.0
 
 
 class CampaignPromise:
