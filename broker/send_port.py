@@ -70,12 +70,16 @@ async def serve_send_port(config: BrokerConfig, transport) -> SendPort:
 
 def _keep_alive(sock, config: BrokerConfig) -> None:
     """TCP keepalive as the gRPC port's: probed once quiet for ``keepalive_ms``, closed when
-    ``keepalive_timeout_ms`` of probes go unanswered."""
+    ``keepalive_timeout_ms`` of probes go unanswered (where the system lets a socket say so:
+    macOS names the idle time TCP_KEEPALIVE)."""
     probes = 3
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, max(1, config.keepalive_ms // 1000))
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, max(1, config.keepalive_timeout_ms // 1000 // probes))
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, probes)
+    idle = getattr(socket, "TCP_KEEPIDLE", getattr(socket, "TCP_KEEPALIVE", None))
+    for option, value in ((idle, config.keepalive_ms // 1000),
+                          (getattr(socket, "TCP_KEEPINTVL", None), config.keepalive_timeout_ms // 1000 // probes),
+                          (getattr(socket, "TCP_KEEPCNT", None), probes)):
+        if option is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, option, max(1, value))
 
 
 class _Greeter(asyncio.Protocol):

@@ -4,6 +4,7 @@ it stores and answers, in order, and how it refuses what it must not take."""
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 
 import pytest
 
@@ -220,3 +221,26 @@ def test_the_port_is_not_served_with_access_control_tls_a_group_or_when_turned_o
     assert not serves_send_port(BrokerConfig(tls_cert_file="broker.pem", tls_key_file="broker.key"), False)
     assert not serves_send_port(BrokerConfig(zookeeper="127.0.0.1:2181"), False)
     assert serves_send_port(BrokerConfig(), False)
+
+
+def _keepalive_timer_on(port: int, peer_port: int) -> bool:
+    """Whether the kernel's TCP socket from ``port`` to ``peer_port`` runs its keepalive timer
+    (``/proc/net/tcp``: the ``tr`` field is 2)."""
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local, remote, timer = fields[1], fields[2], fields[5]
+        if int(local.split(":")[1], 16) == port and int(remote.split(":")[1], 16) == peer_port:
+            return timer.split(":")[0] == "02"
+    raise AssertionError(f"no connection from port {port} to port {peer_port}")
+
+
+def test_a_quiet_connection_is_probed_by_tcp_keepalive(broker_factory):
+    """A client gone without a word (its host, or a firewall dropping the connection) is found
+    by TCP keepalive and the connection closed, as the gRPC port's are by pings."""
+    broker = broker_factory(keepalive_ms=7_000)
+    port = _send_port(broker.address)
+    raw = Raw(broker.address, port)
+    try:
+        assert _keepalive_timer_on(port, raw.sock.getsockname()[1])
+    finally:
+        raw.close()
