@@ -262,7 +262,8 @@ def _record_plan(conn: Connection, query_id: str, batch_id: int, txns: list[tupl
 def _find_plan(conn: Connection, query_id: str, batch_id: int) -> tuple[list[tuple[int, str, str]], int] | None:
     """The plan of ``batch_id`` and its log offset, if an attempt recorded one: the first plan of
     the batch in the log, with the revisions recorded after it applied in order."""
-    offset = max(_lookup_start(conn, query_id, batch_id), 0)
+    start = _lookup_start(conn, query_id, batch_id)  # -1: no batch of the query committed yet
+    offset = max(start, 0)
     plan: list[tuple[int, str, str]] | None = None
     position = -1
     while True:
@@ -270,7 +271,14 @@ def _find_plan(conn: Connection, query_id: str, batch_id: int) -> tuple[list[tup
         try:
             response = conn.call("Pull", request)
         except OffsetOutOfRangeError:
-            offset = conn.call("QueryOffsets", pb.QueryOffsetsRequest(topic=SINK_LOG_TOPIC, queue_id=0)).min_offset
+            first = conn.call("QueryOffsets", pb.QueryOffsetsRequest(topic=SINK_LOG_TOPIC, queue_id=0)).min_offset
+            if offset == start and first > start:
+                log.warning(
+                    "batch %d of query %s: the broker's retention removed commit plans %d..%d of %s, written since "
+                    "this query's last committed batch; if this batch's plan was among them (its commit was cut "
+                    "short longer ago than the broker's retention_ms), its rows are written again", batch_id,
+                    query_id, offset, first - 1, SINK_LOG_TOPIC)
+            offset = first
             continue
         table = codec.decode_many(response.batches)
         mine = table.filter(pc.equal(table.column("key"), pa.scalar(query_id, pa.string())))

@@ -365,6 +365,37 @@ def test_replay_is_found_after_this_process_committed_the_batch_before(broker, c
     check_routed_in_order(conn, topic_name, 2, first + part0 + part1)
 
 
+def test_a_lookup_that_retention_cut_short_says_what_it_may_have_missed(broker_factory, topic_name, caplog):
+    """The plans written since the query's last committed batch were removed by retention: a
+    batch planned back then cannot be told from a new one, and the log says so."""
+    from connector.client.connection import BrokerConnection
+    from connector.spark import transactions
+    from tests.support import wait_until
+
+    broker = broker_factory(segment_bytes=4096, retention_ms=1, retention_check_interval_ms=50)
+    with BrokerConnection(broker.address) as conn:
+        create_topic(conn, topic_name, 2)
+        writer = _writer(broker, topic_name)
+        first = keyed_events(2, 2)
+        writer.commit([_attempt(writer, 0, first)], 4)
+        planned_at = conn.call("GetOffset", pb.GetOffsetRequest(group=f"spark-sink/{writer.write_id}",
+                                                                topic=transactions.SINK_LOG_TOPIC, queue_id=0)).offset
+        for batch in range(60):  # another query's plans roll the log's segments, and retention drops them
+            transactions._record_plan(conn, "another-query", batch, [])
+
+        def log_start() -> int:
+            return conn.call("QueryOffsets", pb.QueryOffsetsRequest(topic=transactions.SINK_LOG_TOPIC,
+                                                                    queue_id=0)).min_offset
+
+        assert wait_until(lambda: log_start() > planned_at)
+        transactions._committed_here.clear()  # a new driver process: the lookup starts at the stored position
+        later = keyed_events(2, 2, start=2)
+        with caplog.at_level(logging.WARNING, logger="connector.spark.transactions"):
+            writer.commit([_attempt(writer, 0, later)], 5)
+        assert f"retention removed commit plans {planned_at}.." in caplog.text
+        check_routed_in_order(conn, topic_name, 2, first + later)
+
+
 def test_routed_queues_carry_their_rows_in_order_and_their_size(broker, conn, topic_name):
     """The router's groups: every row once, each queue's in input order, sized by their bytes (keys
     and bodies exactly), with null properties that carry no entries to the broker."""
