@@ -30,17 +30,10 @@ from connector.client.connection import BrokerConnection
 from connector.history import History, check
 from tests.faults.cluster_group import CLUSTER_BROKER, group_behind
 from tests.faults.fault_profile import PROFILE
-from tests.faults.workload import KeyedProducer, body, stored_deliveries
+from tests.faults.workload import body, send_all, stored_deliveries
 from tests.support import wait_until
 
 TOPIC, QUEUES = "orders", 2
-
-
-def _produce(addresses: str, history: History, keys: list[str], count: int) -> list[str]:
-    producer = KeyedProducer(addresses, TOPIC, keys, history, rate=10 * PROFILE.send_rate, limit=count)
-    producer.start()
-    producer.join()
-    return producer.failures
 
 
 def _send_tail(address: str, outcome: dict) -> None:
@@ -75,7 +68,7 @@ def test_paused_master_is_fenced_and_its_unreplicated_tail_cut(broker_group, tcp
     with Admin(group.addresses) as admin:
         admin.create_topic(TOPIC, QUEUES)
     history = History()
-    failures = _produce(group.addresses, history, ["a", "b", "c"], 20 * PROFILE.producers)
+    failures = send_all(group.addresses, TOPIC, ["a", "b", "c"], history, 20 * PROFILE.producers)
     wait_until(lambda: group.health(new).role == "SLAVE")
 
     link.cut()  # nothing more reaches the slave: the tail cannot replicate
@@ -100,7 +93,7 @@ def test_paused_master_is_fenced_and_its_unreplicated_tail_cut(broker_group, tcp
     _send_tail(old.address, refused)  # straight to the old master again
     refusal = refused.get("error")
     # min_sync_replicas = 2: these are acknowledged only once the old master is back in the sync-state set
-    failures += _produce(group.addresses, history, ["f", "g"], 20)
+    failures += send_all(group.addresses, TOPIC, ["f", "g"], history, 20)
 
     link.heal()
     new.kill9()

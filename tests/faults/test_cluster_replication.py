@@ -22,7 +22,7 @@ from connector.client.connection import BrokerConnection, pb
 from connector.history import History, check
 from tests.faults.cluster_group import group_behind
 from tests.faults.fault_profile import PROFILE
-from tests.faults.workload import KeyedProducer, keyed_producers, stored_deliveries
+from tests.faults.workload import keyed_producers, send_all, stored_deliveries
 from tests.support import wait_until
 
 TOPIC, GROUP, QUEUES = "orders", "order-service", 4
@@ -70,16 +70,6 @@ def test_sync_replication_puts_every_acknowledged_send_on_the_slave(broker_group
     assert new_epoch > old_epoch, (old_epoch, new_epoch)
 
 
-def _send_all(address: str, history: History, keys: list[str], limit: int) -> list:
-    producers = [KeyedProducer(address, TOPIC, [key], history, rate=10 * PROFILE.send_rate, limit=limit)
-                 for key in keys]
-    for producer in producers:
-        producer.start()
-    for producer in producers:
-        producer.join()
-    return [f for p in producers for f in p.failures]
-
-
 def test_a_slave_whose_stream_went_silent_dials_again_and_catches_up(broker_group, tcp_proxy, fault_report):
     link = tcp_proxy()  # the slave's way to broker 0, which advertises it
     group = group_behind(link, broker_group, min_sync_replicas=1)
@@ -87,7 +77,7 @@ def test_a_slave_whose_stream_went_silent_dials_again_and_catches_up(broker_grou
     with Admin(group.addresses) as admin:
         admin.create_topic(TOPIC, QUEUES)
     history = History()
-    failures = _send_all(group.addresses, history, ["a", "b", "c"], 5 * PROFILE.send_rate)
+    failures = send_all(group.addresses, TOPIC, ["a", "b", "c"], history, 15 * PROFILE.send_rate)
 
     def replica():
         return next(iter(group.health(master).replicas), None)
@@ -95,7 +85,7 @@ def test_a_slave_whose_stream_went_silent_dials_again_and_catches_up(broker_grou
     assert wait_until(lambda: (r := replica()) is not None and r.in_sync_set and r.behind_messages == 0)
     link.silence()  # the open connections now: the slave's stream alone (the producers closed theirs)
     silenced = time.monotonic()
-    failures += _send_all(group.addresses, history, ["d", "e", "f"], 20)
+    failures += send_all(group.addresses, TOPIC, ["d", "e", "f"], history, 60)
     behind_at_end_of_sends = replica().behind_messages
     # back in the sync-state set (only its members may take over)
     caught_up = wait_until(lambda: (r := replica()).in_sync_set and r.behind_messages == 0, timeout=60)

@@ -110,6 +110,15 @@ def keyed_producers(address: str, topic: str, history: History, **options) -> li
             for p in range(PROFILE.producers)]
 
 
+def send_all(address: str, topic: str, keys: list[str], history: History, count: int) -> list[str]:
+    """``count`` messages over ``keys`` in turn, from one producer at ten times the profile's send
+    rate; returns once every one is answered, with the failures."""
+    producer = KeyedProducer(address, topic, keys, history, rate=10 * PROFILE.send_rate, limit=count)
+    producer.start()
+    producer.join()
+    return producer.failures
+
+
 def first_ack_after(producers: list[KeyedProducer], moment: float) -> float | None:
     """Seconds from ``moment`` (wall clock) to the first acknowledgement after it, None before one."""
     later = [t for p in producers for t in list(p.ack_times) if t > moment]
