@@ -30,7 +30,16 @@ CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.enable_retries", 0),
-    ("grpc.keepalive_time_ms", 30_000),
+    # A connection that went silent (the broker's host gone, a firewall dropping it: no close, no
+    # reset) fails its calls within about 20 s, and the next call dials anew: pinged every 10 s, idle
+    # or not, dropped when a ping goes 10 s unanswered. This gRPC times the ping by ``ping_timeout_ms``
+    # (60 s by default), not ``keepalive_timeout_ms``; and it stops pinging a long poll that carries no
+    # data after two pings unless ``max_pings_without_data`` is 0.
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.http2.ping_timeout_ms", 10_000),
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.keepalive_permit_without_calls", 1),
 ]
 
 

@@ -16,6 +16,7 @@ does, answers in request order, for half the broker's CPU of a gRPC stream per 1
 from __future__ import annotations
 
 import contextlib
+import select
 import socket
 import threading
 import time
@@ -40,6 +41,11 @@ from connector.client.lean_port import (
 __all__ = ["PortStream", "SendPortClient", "SendPortFailure"]
 
 _RETRY_AFTER_S = 5.0  # a missing or failing send port is looked up again after this long
+# A request unanswered this long means the connection went silent (the broker's host gone, a
+# firewall dropping it: no close, no reset), as a gRPC connection's unanswered ping does; a
+# broker merely slow costs a new connection and a resend, which it stores once.
+_ANSWER_TIMEOUT_S = 15.0
+_POLL_MS = 1000  # how often a stream waiting for an answer looks at the clock
 _MAX_IDLE = 8  # connections kept for reuse
 
 
@@ -75,6 +81,7 @@ class _Link:
 
     def round_trip(self, parts: Sequence, timeout: float) -> bytes:
         """Send the request whose bytes are ``parts`` joined, and return its answer."""
+        timeout = min(timeout, _ANSWER_TIMEOUT_S)
         if timeout < self.timeout or timeout > self.timeout + 1.0:  # a little early is fine, late is not
             self.sock.settimeout(timeout)
             self.timeout = timeout
@@ -178,7 +185,7 @@ class PortStream:
     Once connected, ``start`` has a thread write the requests as they come, without waiting for
     the broker's hello (a frozen broker's kernel takes them: written, as on a gRPC stream);
     iterating checks that hello, then reads the answers. A broken connection (or a cancelled
-    stream) ends the iteration with ``BrokerUnavailableError``, as an unavailable broker ends a
+    stream, or requests left unanswered for ``_ANSWER_TIMEOUT_S``) ends the iteration with ``BrokerUnavailableError``, as an unavailable broker ends a
     gRPC stream: the sender then resends what was not answered. A port of another version is
     reported to ``client``, so that the next streams are gRPC ones.
     """
@@ -190,6 +197,8 @@ class PortStream:
         self._sock.settimeout(None)  # waits end by cancel(): the sender's watchdog owns the timeouts
         self._broken: str | None = None
         self._requests_ended = False
+        self._written = self._answered = 0
+        self._progress_at = time.monotonic()  # the last answer, or the first request waited for since
 
     def start(self, requests: Iterator[pb.SendRequest | EncodedSend]) -> PortStream:
         threading.Thread(target=self._write, args=(requests,), name="orderlymq-send-port-stream", daemon=True).start()
@@ -199,6 +208,9 @@ class PortStream:
         try:
             for request in requests:
                 wire = serialize_send(request)
+                if self._written == self._answered:
+                    self._progress_at = time.monotonic()
+                self._written += 1
                 write_parts(self._sock, [LENGTH.pack(len(wire)), wire])
             self._requests_ended = True
             self._sock.shutdown(socket.SHUT_WR)  # the broker answers what it has, then closes
@@ -207,14 +219,21 @@ class PortStream:
 
     def __iter__(self) -> Iterator[pb.SendResponse]:
         try:
+            readable = select.poll()
+            readable.register(self._sock, select.POLLIN)
+            self._await_answer(readable)
             check_hello(self._sock)
             while True:
+                self._await_answer(readable)
                 head = self._sock.recv(LENGTH.size, socket.MSG_WAITALL)
                 if not head and self._requests_ended and self._broken is None:
                     return  # every request answered after the last one was written, as a gRPC stream ends
                 if len(head) < LENGTH.size:
                     raise ConnectionError("the broker closed the lean port connection")
-                yield pb.SendResponse.FromString(bytes(read_exactly(self._sock, LENGTH.unpack(head)[0])))
+                answer = pb.SendResponse.FromString(bytes(read_exactly(self._sock, LENGTH.unpack(head)[0])))
+                self._answered += 1
+                self._progress_at = time.monotonic()
+                yield answer
         except (OSError, ValueError, DecodeError) as exc:
             if isinstance(exc, WrongVersionError):
                 self._client.failed()
@@ -222,6 +241,13 @@ class PortStream:
             raise BrokerUnavailableError(f"send port stream to {self._where}: {self._broken}") from None
         finally:
             self._sock.close()
+
+    def _await_answer(self, readable: select.poll) -> None:
+        """Until the next answer starts arriving (or the connection ends); ``ConnectionError`` once
+        requests have waited ``_ANSWER_TIMEOUT_S`` with none arriving."""
+        while not readable.poll(_POLL_MS):
+            if self._written > self._answered and time.monotonic() - self._progress_at > _ANSWER_TIMEOUT_S:
+                raise ConnectionError(f"no answer for {_ANSWER_TIMEOUT_S:g}s: the connection went silent")
 
     def cancel(self) -> None:
         self._break("cancelled")

@@ -85,13 +85,13 @@ def broker_cluster(tmp_path, zookeeper):
 
 @pytest.fixture
 def tcp_proxy():
-    """``tcp_proxy(target=None)`` starts a ``TcpProxy`` (one link a test cuts); all are closed at the end."""
+    """``tcp_proxy(target=None, port=0)`` starts a ``TcpProxy`` (one link a test cuts); all are closed at the end."""
     from tests.faults.tcp_proxy import TcpProxy
 
     proxies: list = []
 
-    def start(target: str | None = None):
-        proxies.append(TcpProxy(target))
+    def start(target: str | None = None, port: int = 0):
+        proxies.append(TcpProxy(target, port))
         return proxies[-1]
 
     yield start

@@ -15,13 +15,13 @@ class TcpProxy:
     every connection and refuses new ones (they are closed at once) until ``heal()``.
     ``silence()`` makes the connections open now half-open: what either end sends is dropped and
     neither learns it (no close, no reset), as when the host between them vanishes; new
-    connections are forwarded."""
+    connections are forwarded. ``port``: where it listens (a free one by default)."""
 
-    def __init__(self, target: str | None = None) -> None:
+    def __init__(self, target: str | None = None, port: int = 0) -> None:
         self.target: tuple[str, int] | None = None  # connections are refused until it is known
         if target is not None:
             self.forward_to(target)
-        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener = socket.create_server(("127.0.0.1", port))
         self.port = self._listener.getsockname()[1]
         self._cut = threading.Event()
         self._lock = threading.Lock()
