@@ -52,12 +52,16 @@ MAX_RESPONSE_BYTES = 4 << 20  # an answer cut short holds at least this much
 class _Follower:
     ends: dict[str, int] = field(default_factory=dict)
     offsets_version: int = 0
-    connected: bool = False
+    streams: int = 0  # its fetch streams open now: a new one may start before an old one ends
     last_caught_up: float = 0.0
     promised: dict[str, int] | None = None  # the master's ends when it built its last answer
     promised_at: float = 0.0
     txn_seq: int = 0  # the last transaction change the slave applied
     promise_from: float = 0.0  # when the last answer it acknowledged receiving was sent
+
+    @property
+    def connected(self) -> bool:
+        return self.streams > 0
 
 
 class ReplicaSource:
@@ -239,13 +243,14 @@ class ReplicaSource:
         import asyncio
 
         loop = asyncio.get_running_loop()
-        follower_id = None
+        follower = None  # the slave's entry, counting this stream among its open ones
         # When this stream's last answer was sent: the next fetch on this stream (not on another of
         # the slave's, which may have replaced a half-open one) says it was received.
         sent_at = None
         try:
             async for fetch in requests:
-                follower_id = fetch.broker_id
+                if follower is None:
+                    follower = self.stream_opened(fetch.broker_id)
                 try:
                     answer, sent_at = await loop.run_in_executor(self._pool, self._answer, fetch, sent_at)
                 except Exception as exc:  # noqa: BLE001 - every failure must become a status
@@ -255,11 +260,18 @@ class ReplicaSource:
         except DecodeError:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "malformed ReplicaFetch")
         finally:
-            if follower_id is not None:
-                with self._cond:
-                    follower = self._followers.get(follower_id)
-                    if follower is not None:
-                        follower.connected = False
+            if follower is not None:
+                self.stream_closed(follower)
+
+    def stream_opened(self, broker_id: int) -> _Follower:
+        with self._cond:
+            follower = self._followers.setdefault(broker_id, _Follower())
+            follower.streams += 1
+            return follower
+
+    def stream_closed(self, follower: _Follower) -> None:
+        with self._cond:
+            follower.streams -= 1
 
     def _answer(self, fetch: pb.ReplicaFetch, received: float | None) -> tuple[pb.ReplicaData, float]:
         """The answer to ``fetch`` and when it was sent (at the latest: the slave's promise runs
@@ -292,7 +304,6 @@ class ReplicaSource:
     def _acknowledge(self, fetch: pb.ReplicaFetch, received: float | None) -> None:
         """Under the lock: record where the slave stands; wake the sends waiting for it."""
         follower = self._followers.setdefault(fetch.broker_id, _Follower())
-        follower.connected = True
         if received is not None:
             follower.promise_from = max(follower.promise_from, received)
         ends = {queue_key(p.topic, p.queue_id): p.offset for p in fetch.ends}

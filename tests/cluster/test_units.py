@@ -123,6 +123,20 @@ def test_a_promise_runs_from_an_answer_sent_on_the_stream_that_acknowledges_it(t
     service.close()
 
 
+def test_a_slave_stays_connected_while_any_of_its_streams_is_open(tmp_path):
+    """A slave that dialed again has its new stream open before the old one ends: the old one's
+    end does not make it look gone (out of reach of the sync-state set) until its next fetch."""
+    service = BrokerService(BrokerConfig(data_dir=str(tmp_path / "master")))
+    source = ReplicaSource(service, EpochHistory(tmp_path / "epochs.json"), 0, lambda: NotMasterError("stepped down"))
+    old, new = source.stream_opened(1), source.stream_opened(1)
+    source.stream_closed(old)
+    assert [r.connected for r in source.replica_status()] == [True]
+    source.stream_closed(new)
+    assert [r.connected for r in source.replica_status()] == [False]
+    source.close()
+    service.close()
+
+
 def test_frames_appended_on_a_replica_read_back_the_same_with_their_producer_state(tmp_path):
     master, replica = make_log(tmp_path / "m", segment_bytes=600), make_log(tmp_path / "r", segment_bytes=600)
     for i in range(10):
