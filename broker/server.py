@@ -417,7 +417,7 @@ async def _serve(config: BrokerConfig, transport: _Transport) -> tuple[grpc.aio.
         ("grpc.keepalive_timeout_ms", config.keepalive_timeout_ms),
         ("grpc.http2.ping_timeout_ms", config.keepalive_timeout_ms),  # what this gRPC times a keepalive ping by
         ("grpc.keepalive_permit_without_calls", 1),
-        # Clients ping every 10 s while calls are open (connector.client.connection): welcome, not a strike.
+        # Clients ping every 10 s, idle or not (connector.client.connection): welcome, not a strike.
         ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
     ])
     server.add_generic_rpc_handlers((transport.generic_handler(),))

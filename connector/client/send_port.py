@@ -185,9 +185,10 @@ class PortStream:
     Once connected, ``start`` has a thread write the requests as they come, without waiting for
     the broker's hello (a frozen broker's kernel takes them: written, as on a gRPC stream);
     iterating checks that hello, then reads the answers. A broken connection (or a cancelled
-    stream, or requests left unanswered for ``_ANSWER_TIMEOUT_S``) ends the iteration with ``BrokerUnavailableError``, as an unavailable broker ends a
-    gRPC stream: the sender then resends what was not answered. A port of another version is
-    reported to ``client``, so that the next streams are gRPC ones.
+    stream, or requests left unanswered for ``_ANSWER_TIMEOUT_S``) ends the iteration with
+    ``BrokerUnavailableError``, as an unavailable broker ends a gRPC stream: the sender then resends
+    what was not answered. A port of another version is reported to ``client``, so that the next
+    streams are gRPC ones.
     """
 
     def __init__(self, client: SendPortClient, host: str, port: int, connect_timeout: float) -> None:
