@@ -31,7 +31,8 @@ def _numbered_send(address: str) -> pb.SendResponse:
 
 def _write_everything(address: str) -> dict[str, int]:
     """What the older broker stores; the messages each key should have."""
-    Admin(address).create_topic(TOPIC, QUEUES)
+    with Admin(address) as admin:
+        admin.create_topic(TOPIC, QUEUES)
     expected = {}
     with Producer(address) as producer:
         for i in range(40 * KEYS):
