@@ -25,6 +25,7 @@ import json
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass, field
@@ -52,16 +53,11 @@ MAX_RESPONSE_BYTES = 4 << 20  # an answer cut short holds at least this much
 class _Follower:
     ends: dict[str, int] = field(default_factory=dict)
     offsets_version: int = 0
-    streams: int = 0  # its fetch streams open now: a new one may start before an old one ends
     last_caught_up: float = 0.0
     promised: dict[str, int] | None = None  # the master's ends when it built its last answer
     promised_at: float = 0.0
     txn_seq: int = 0  # the last transaction change the slave applied
     promise_from: float = 0.0  # when the last answer it acknowledged receiving was sent
-
-    @property
-    def connected(self) -> bool:
-        return self.streams > 0
 
 
 class ReplicaSource:
@@ -80,6 +76,9 @@ class ReplicaSource:
         self.epoch = 0
         self.sync_set: frozenset[int] = frozenset()
         self._followers: dict[int, _Follower] = {}
+        # Each slave's fetch streams open now (a new one may start before an old one ends): kept
+        # across terms, as a stream opened just before this broker's term began serves in it.
+        self._open_streams: Counter[int] = Counter()
         self._high_watermark: dict[str, int] = {}
         self._changes = 0  # grows with every append, commit or topic change: wakes parked fetches
         self.offsets_version = 0
@@ -179,7 +178,7 @@ class ReplicaSource:
             lagging = {m for m in self.sync_set - {self.broker_id}
                        if m not in self._followers or now - self._followers[m].last_caught_up > lag_s}
             ready = {m for m, f in self._followers.items()
-                     if m not in self.sync_set and f.connected and now - f.last_caught_up < lag_s / 2
+                     if m not in self.sync_set and self._open_streams[m] and now - f.last_caught_up < lag_s / 2
                      and all(f.ends.get(k, 0) >= end for k, end in watermark.items())}
             if not lagging and not ready:
                 return None
@@ -223,7 +222,8 @@ class ReplicaSource:
         ends = self._ends()
         with self._cond:
             return [pb.ReplicaStatus(
-                broker_id=broker_id, connected=f.connected, in_sync_set=broker_id in self.sync_set,
+                broker_id=broker_id, connected=self._open_streams[broker_id] > 0,
+                in_sync_set=broker_id in self.sync_set,
                 behind_messages=sum(max(0, end - f.ends.get(key, 0)) for key, end in ends.items()),
                 caught_up_ms_ago=round((now - f.last_caught_up) * 1000) if f.last_caught_up else -1)
                 for broker_id, f in sorted(self._followers.items())]
@@ -243,14 +243,15 @@ class ReplicaSource:
         import asyncio
 
         loop = asyncio.get_running_loop()
-        follower = None  # the slave's entry, counting this stream among its open ones
+        follower_id = None
         # When this stream's last answer was sent: the next fetch on this stream (not on another of
         # the slave's, which may have replaced a half-open one) says it was received.
         sent_at = None
         try:
             async for fetch in requests:
-                if follower is None:
-                    follower = self.stream_opened(fetch.broker_id)
+                if follower_id is None:
+                    follower_id = fetch.broker_id
+                    self.stream_opened(follower_id)
                 try:
                     answer, sent_at = await loop.run_in_executor(self._pool, self._answer, fetch, sent_at)
                 except Exception as exc:  # noqa: BLE001 - every failure must become a status
@@ -260,18 +261,18 @@ class ReplicaSource:
         except DecodeError:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "malformed ReplicaFetch")
         finally:
-            if follower is not None:
-                self.stream_closed(follower)
+            if follower_id is not None:
+                self.stream_closed(follower_id)
 
-    def stream_opened(self, broker_id: int) -> _Follower:
+    def stream_opened(self, broker_id: int) -> None:
         with self._cond:
-            follower = self._followers.setdefault(broker_id, _Follower())
-            follower.streams += 1
-            return follower
+            self._open_streams[broker_id] += 1
 
-    def stream_closed(self, follower: _Follower) -> None:
+    def stream_closed(self, broker_id: int) -> None:
         with self._cond:
-            follower.streams -= 1
+            self._open_streams[broker_id] -= 1
+            if not self._open_streams[broker_id]:
+                del self._open_streams[broker_id]
 
     def _answer(self, fetch: pb.ReplicaFetch, received: float | None) -> tuple[pb.ReplicaData, float]:
         """The answer to ``fetch`` and when it was sent (at the latest: the slave's promise runs

@@ -125,13 +125,17 @@ def test_a_promise_runs_from_an_answer_sent_on_the_stream_that_acknowledges_it(t
 
 def test_a_slave_stays_connected_while_any_of_its_streams_is_open(tmp_path):
     """A slave that dialed again has its new stream open before the old one ends: the old one's
-    end does not make it look gone (out of reach of the sync-state set) until its next fetch."""
+    end does not make it look gone (out of reach of the sync-state set) until its next fetch. A
+    stream opened just before this broker's term began counts in the term."""
     service = BrokerService(BrokerConfig(data_dir=str(tmp_path / "master")))
     source = ReplicaSource(service, EpochHistory(tmp_path / "epochs.json"), 0, lambda: NotMasterError("stepped down"))
-    old, new = source.stream_opened(1), source.stream_opened(1)
-    source.stream_closed(old)
+    source.stream_opened(1)
+    source.activate(GroupState(1, 0, "", frozenset({0, 1})), {})
+    source._answer(pb.ReplicaFetch(broker_id=1, group_epoch=1, handshake=True), None)
+    source.stream_opened(1)  # dialed again
+    source.stream_closed(1)  # the old stream ends
     assert [r.connected for r in source.replica_status()] == [True]
-    source.stream_closed(new)
+    source.stream_closed(1)
     assert [r.connected for r in source.replica_status()] == [False]
     source.close()
     service.close()
