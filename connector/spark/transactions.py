@@ -29,7 +29,10 @@ the source offsets): neither waits for the other, and a lookup that starts earli
 only reads more plans. A process that
 committed an earlier batch of the query starts the next lookup at that batch's plan without
 asking: any plan of a later batch was recorded after it (Spark commits a batch only once the one
-before it has completed), so nothing is skipped.
+before it has completed), so nothing is skipped. Plans are removed by the broker's retention; the
+position of the query's last plan, stored in the group ``spark-sink/<query id>/planned`` before
+any commit, tells a replay whose plan is gone that the batch's commit began (it fails, rather than
+writing the batch again).
 
 In a cluster (docs/cluster.md) a task's rows go to queues of several broker groups, and each
 group's master holds its own transactions: a task's transaction has one part per group it wrote
@@ -93,7 +96,14 @@ def _ensure_sink_log(conn: Connection) -> None:
 
 
 def _log_group(query_id: str) -> str:
+    """Stores the log position of the plan of the query's last visible batch."""
     return f"spark-sink/{query_id}"
+
+
+def _planned_group(query_id: str) -> str:
+    """Stores the log position of the query's last plan, recorded before any of its commits: it
+    outlives the plan itself (offsets are not subject to retention)."""
+    return f"spark-sink/{query_id}/planned"
 
 
 def abort_batch(conn: Connection, query_id: str, batch_id: int, parts: list[tuple[str, str]], *,
@@ -154,6 +164,8 @@ def commit_batch(
         found = None
     if found is None:
         plan, position = txns, _record_plan(conn, query_id, batch_id, txns)
+        conn.call("CommitOffset", pb.CommitOffsetRequest(group=_planned_group(query_id), topic=SINK_LOG_TOPIC,
+                                                         queue_id=0, offset=position))
     else:
         plan, position = found
         log.info("batch %d of query %s was planned before (replay): committing that plan", batch_id, query_id)
@@ -272,12 +284,8 @@ def _find_plan(conn: Connection, query_id: str, batch_id: int) -> tuple[list[tup
             response = conn.call("Pull", request)
         except OffsetOutOfRangeError:
             first = conn.call("QueryOffsets", pb.QueryOffsetsRequest(topic=SINK_LOG_TOPIC, queue_id=0)).min_offset
-            if offset == start and first > start:
-                log.warning(
-                    "batch %d of query %s: the broker's retention removed commit plans %d..%d of %s, written since "
-                    "this query's last committed batch; if this batch's plan was among them (its commit was cut "
-                    "short longer ago than the broker's retention_ms), its rows are written again", batch_id,
-                    query_id, offset, first - 1, SINK_LOG_TOPIC)
+            if offset == max(start, 0) and first > offset:
+                _check_plans_removed(conn, query_id, batch_id, start, first)
             offset = first
             continue
         table = codec.decode_many(response.batches)
@@ -294,6 +302,27 @@ def _find_plan(conn: Connection, query_id: str, batch_id: int) -> tuple[list[tup
         if response.next_offset <= offset or response.next_offset >= response.max_offset:
             return None if plan is None else (plan, position)
         offset = response.next_offset
+
+
+def _check_plans_removed(conn: Connection, query_id: str, batch_id: int, start: int, first: int) -> None:
+    """Retention removed the plans from ``start`` (the plan of the query's last visible batch) up to
+    ``first``. Raises if one of them was the query's last plan: the commit of the batch replayed now
+    began and was cut short (a later batch is planned only once this one is visible), so some of its
+    rows may be visible, and which cannot be told."""
+    planned = conn.call("GetOffset", pb.GetOffsetRequest(group=_planned_group(query_id), topic=SINK_LOG_TOPIC,
+                                                         queue_id=0)).offset
+    if start < planned < first:
+        raise TransactionError(
+            f"batch {batch_id} of query {query_id}: its commit began (its plan is at offset {planned} of "
+            f"{SINK_LOG_TOPIC}) and was cut short, and the broker's retention (retention_ms) has since removed that "
+            "plan, so which of its rows are visible cannot be told. Check the target topic for this batch's rows, "
+            "then restart with a new checkpointLocation")
+    if planned < 0 <= start:  # the query's earlier batches were committed by a version that kept no such position
+        log.warning(
+            "batch %d of query %s: the broker's retention removed commit plans %d..%d of %s, written since this "
+            "query's last committed batch; if this batch's plan was among them (its commit was cut short longer "
+            "ago than the broker's retention_ms), its rows are written again", batch_id, query_id, start, first - 1,
+            SINK_LOG_TOPIC)
 
 
 def _revised(plan: list[tuple[int, str, str]], revision: list[tuple[int, str, str]]) -> list[tuple[int, str, str]]:

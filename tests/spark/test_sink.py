@@ -365,35 +365,65 @@ def test_replay_is_found_after_this_process_committed_the_batch_before(broker, c
     check_routed_in_order(conn, topic_name, 2, first + part0 + part1)
 
 
-def test_a_lookup_that_retention_cut_short_says_what_it_may_have_missed(broker_factory, topic_name, caplog):
-    """The plans written since the query's last committed batch were removed by retention: a
-    batch planned back then cannot be told from a new one, and the log says so."""
-    from connector.client.connection import BrokerConnection
+def _retention_removes_plans_from(conn, position: int) -> None:
+    """Another query's plans roll the sink log's segments until retention (1 ms) has removed ``position``."""
     from connector.spark import transactions
     from tests.support import wait_until
+
+    for batch in range(60):
+        transactions._record_plan(conn, "another-query", batch, [])
+
+    def log_start() -> int:
+        return conn.call("QueryOffsets", pb.QueryOffsetsRequest(topic=transactions.SINK_LOG_TOPIC, queue_id=0)).min_offset
+
+    assert wait_until(lambda: log_start() > position)
+    transactions._committed_here.clear()  # a new driver process: the lookup starts at the stored position
+
+
+@pytest.mark.parametrize("before", ["stopped", "cut short", "older version"])
+def test_plans_removed_by_retention(broker_factory, topic_name, caplog, before):
+    """Batch 4 is committed, then retention removes the plans. A query that merely stopped goes on
+    with batch 5. A replay of batch 5, whose commit made part of it visible before it was cut short,
+    fails rather than write it again (which of its rows are visible cannot be told). A query whose
+    batch 4 was committed by a version that kept no planned position writes batch 5, with a warning."""
+    from broker.wire.errors import TransactionError
+    from connector.client.connection import BrokerConnection
+    from connector.spark import transactions
 
     broker = broker_factory(segment_bytes=4096, retention_ms=1, retention_check_interval_ms=50)
     with BrokerConnection(broker.address) as conn:
         create_topic(conn, topic_name, 2)
         writer = _writer(broker, topic_name)
         first = keyed_events(2, 2)
-        writer.commit([_attempt(writer, 0, first)], 4)
-        planned_at = conn.call("GetOffset", pb.GetOffsetRequest(group=f"spark-sink/{writer.write_id}",
-                                                                topic=transactions.SINK_LOG_TOPIC, queue_id=0)).offset
-        for batch in range(60):  # another query's plans roll the log's segments, and retention drops them
-            transactions._record_plan(conn, "another-query", batch, [])
-
-        def log_start() -> int:
-            return conn.call("QueryOffsets", pb.QueryOffsetsRequest(topic=transactions.SINK_LOG_TOPIC,
-                                                                    queue_id=0)).min_offset
-
-        assert wait_until(lambda: log_start() > planned_at)
-        transactions._committed_here.clear()  # a new driver process: the lookup starts at the stored position
-        later = keyed_events(2, 2, start=2)
+        if before == "older version":  # its commit: the plan and the visible batch's position, nothing else
+            attempt = _attempt(writer, 0, first)
+            _plan(conn, 4, [attempt])
+            conn.call("CommitTxn", pb.CommitTxnRequest(txn_id=attempt.parts[0][1]))
+            conn.call("CommitOffset", pb.CommitOffsetRequest(group=f"spark-sink/{writer.write_id}",
+                                                             topic=transactions.SINK_LOG_TOPIC, queue_id=0, offset=0))
+        else:
+            writer.commit([_attempt(writer, 0, first)], 4)
+        part0, part1 = keyed_events(3, 2, start=10), keyed_events(3, 2, start=12)
+        visible = first
+        if before == "cut short":  # partition 1's transaction is aborted: the commit stops after partition 0's
+            cut = [_attempt(writer, 0, part0), _attempt(writer, 1, part1)]
+            conn.call("AbortTxn", pb.AbortTxnRequest(txn_id=cut[1].parts[0][1]))
+            with pytest.raises(TransactionError, match="was aborted by the broker"):
+                writer.commit(cut, 5)
+            visible = first + part0
+        stored = conn.call("GetOffset", pb.GetOffsetRequest(group=f"spark-sink/{writer.write_id}",
+                                                            topic=transactions.SINK_LOG_TOPIC, queue_id=0)).offset
+        _retention_removes_plans_from(conn, max(stored, 0) + 1)
+        replay = [_attempt(writer, 0, part0), _attempt(writer, 1, part1)]
         with caplog.at_level(logging.WARNING, logger="connector.spark.transactions"):
-            writer.commit([_attempt(writer, 0, later)], 5)
-        assert f"retention removed commit plans {planned_at}.." in caplog.text
-        check_routed_in_order(conn, topic_name, 2, first + later)
+            if before == "cut short":
+                with pytest.raises(TransactionError, match="batch 5 .*cut short.*retention.*cannot be told"):
+                    writer.commit(replay, 5)
+            else:
+                writer.commit(replay, 5)
+                visible = first + part0 + part1
+        assert ("retention removed commit plans" in caplog.text) == (before == "older version")
+        check_routed_in_order(conn, topic_name, 2, visible)
 
 
 def test_routed_queues_carry_their_rows_in_order_and_their_size(broker, conn, topic_name):
