@@ -25,21 +25,27 @@ BROKER_BEFORE_NUMBERED_STAGING = "ca05a6aa9143a5c966fa0d476ead4bc93edbc989"
 FIRST_RELEASED_BROKER = "7277497d261576d837318b2e66a0d278c804d010"
 
 
-def older_broker(directory: Path, revision: str) -> BrokerProcess:
-    """A broker process (not started) running ``broker/`` as it was at ``revision`` of this
-    repository, with its data in ``directory``: the older broker of a connector upgraded first."""
+def older_code(directory: Path, revision: str, *paths: str) -> Path:
+    """Where ``paths`` (files or directories) of this repository at ``revision`` were extracted,
+    under ``directory``: a tree that runs as that revision did."""
     code = directory / f"code-{revision[:12]}"
     git = ["git", "-C", str(ROOT)]
     if subprocess.run([*git, "cat-file", "-e", f"{revision}^{{commit}}"], capture_output=True).returncode:
         subprocess.run([*git, "fetch", "--quiet", "--unshallow"], capture_output=True)  # a shallow clone
-    archived = subprocess.run([*git, "archive", revision, "broker"], capture_output=True, check=False)
+    archived = subprocess.run([*git, "archive", revision, *paths], capture_output=True, check=False)
     if archived.returncode:
-        raise RuntimeError(f"cannot read the broker of revision {revision} from {ROOT}'s history "
+        raise RuntimeError(f"cannot read {', '.join(paths)} of revision {revision} from {ROOT}'s history "
                            f"(a clone without --depth has it): {archived.stderr.decode().strip()}")
     with tarfile.open(fileobj=io.BytesIO(archived.stdout)) as archive:
         archive.extractall(code, filter="data")
+    return code
+
+
+def older_broker(directory: Path, revision: str) -> BrokerProcess:
+    """A broker process (not started) running ``broker/`` as it was at ``revision`` of this
+    repository, with its data in ``directory``: the older broker of a connector upgraded first."""
     broker = BrokerProcess(directory / "data", log_path=directory / "broker.log")
-    broker.code_dir = code
+    broker.code_dir = older_code(directory, revision, "broker")
     return broker
 
 
