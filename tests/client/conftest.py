@@ -6,6 +6,8 @@ import pytest
 
 from connector.client import Admin, Producer
 
+from .helpers import FAST_BROKER
+
 
 @pytest.fixture(scope="module")
 def shared_broker(tmp_path_factory):
@@ -16,6 +18,12 @@ def shared_broker(tmp_path_factory):
     running = start_broker(BrokerConfig(port=0, data_dir=str(tmp_path_factory.mktemp("shared-broker"))))
     yield running
     running.stop()
+
+
+@pytest.fixture
+def fast_broker(broker_factory):
+    """A broker whose lock leases and member timeouts suit ``helpers.FAST`` consumers."""
+    return broker_factory(**FAST_BROKER)
 
 
 @pytest.fixture

@@ -30,11 +30,6 @@ SUSPEND = ConsumeOrderlyStatus.SUSPEND_CURRENT_QUEUE_A_MOMENT
 WORKER = Path(__file__).with_name("orderly_worker.py")
 
 
-@pytest.fixture
-def fast_broker(broker_factory):
-    return broker_factory(**FAST_BROKER)
-
-
 def start_consumer(address, topic, group, listener, client_id, **options) -> OrderlyConsumer:
     consumer = OrderlyConsumer(address, group, listener, client_id=client_id, **{**FAST, **options})
     consumer.subscribe(topic)
