@@ -164,11 +164,12 @@ def commit_batch(
         found = None
     if found is None:
         plan, position = txns, _record_plan(conn, query_id, batch_id, txns)
-        conn.call("CommitOffset", pb.CommitOffsetRequest(group=_planned_group(query_id), topic=SINK_LOG_TOPIC,
-                                                         queue_id=0, offset=position))
     else:
         plan, position = found
         log.info("batch %d of query %s was planned before (replay): committing that plan", batch_id, query_id)
+    # Before any commit (again on a replay: the attempt that recorded the plan may have died first).
+    conn.call("CommitOffset", pb.CommitOffsetRequest(group=_planned_group(query_id), topic=SINK_LOG_TOPIC, queue_id=0,
+                                                     offset=position))
     mine = {(partition, group): txn_id for partition, group, txn_id in txns}
     per_group: dict[str, list[tuple[int, str]]] = {}
     for partition, group, txn_id in plan:

@@ -228,7 +228,8 @@ def _attempt(writer, partition, events):
 
 
 def test_commit_cut_short_is_finished_by_the_replay(broker, conn, topic_name):
-    """The driver recorded its plan and committed partition 0 only, then died: the replay completes it."""
+    """The driver recorded its plan and committed partition 0 only, then died: the replay completes it,
+    and stores the plan's position as the query's last plan (which the dead driver had no time to do)."""
     from connector.spark import transactions
 
     create_topic(conn, topic_name, 2)
@@ -238,11 +239,14 @@ def test_commit_cut_short_is_finished_by_the_replay(broker, conn, topic_name):
     conn.call(
         "CreateTopic", pb.CreateTopicRequest(topic=transactions.SINK_LOG_TOPIC, queue_count=1, if_not_exists=True)
     )
-    transactions._record_plan(conn, first[0].query_id, 3,
-                              [(m.partition_id, group, txn) for m in first for group, txn in m.parts])
+    planned_at = transactions._record_plan(conn, first[0].query_id, 3,
+                                           [(m.partition_id, group, txn) for m in first for group, txn in m.parts])
     conn.call("CommitTxn", pb.CommitTxnRequest(txn_id=first[0].parts[0][1]))
     writer.commit([_attempt(writer, 0, part0), _attempt(writer, 1, part1)], 3)
     check_routed_in_order(conn, topic_name, 2, part0 + part1)
+    last_plan = pb.GetOffsetRequest(group=f"spark-sink/{writer.write_id}/planned", topic=transactions.SINK_LOG_TOPIC,
+                                    queue_id=0)
+    assert conn.call("GetOffset", last_plan).offset == planned_at
 
 
 def _plan(conn, batch_id, messages):
