@@ -13,14 +13,13 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
-from connector.client import Admin, ConsumeOrderlyStatus, Producer
+from connector.client import Admin, Producer
 from tests.support import FIRST_RELEASED_BROKER, older_code, wait_until
 
 from .helpers import send_keyed
-from .test_orderly_consumer import parse_consumed, start_consumer
+from .test_orderly_consumer import appending_listener, parse_consumed, start_consumer
 
 OLDER_TREE = ("broker", "connector", "tests/__init__.py", "tests/client/__init__.py", "tests/client/helpers.py",
               "tests/client/orderly_worker.py")
@@ -49,14 +48,6 @@ def test_an_orderly_group_upgraded_instance_by_instance(fast_broker, topic_name,
     out = tmp_path / "consumed.txt"
     out.touch()
     keys = [f"k{i}" for i in range(16)]
-    write_lock = threading.Lock()
-
-    def current_listener(messages, context):
-        with write_lock, open(out, "a") as sink:
-            for m in messages:
-                sink.write(f"current {m.key} {int(m.body)} {m.queue_id} {m.queue_offset}\n")
-        return ConsumeOrderlyStatus.SUCCESS
-
     with Admin(address) as admin, Producer(address) as producer:
         admin.create_topic(topic_name, 4)
         instance = subprocess.Popen([sys.executable, str(older / "tests" / "client" / "orderly_worker.py"), address,
@@ -67,7 +58,7 @@ def test_an_orderly_group_upgraded_instance_by_instance(fast_broker, topic_name,
             seqs = send_keyed(producer, topic_name, keys, 15)
             # A backlog of a second or two for the older instance: its queues change hands mid-stream.
             seqs = older_send(older, address, topic_name, keys, 60, seqs)
-            current = start_consumer(address, topic_name, "g", current_listener, "current")
+            current = start_consumer(address, topic_name, "g", appending_listener(out, "current"), "current")
             try:
                 holders = lambda: sorted(h.client_id for h in admin.lock_holders("g", topic_name))  # noqa: E731
                 assert wait_until(lambda: holders() == ["current"] * 2 + ["older"] * 2)

@@ -94,6 +94,20 @@ def test_three_instances_join_and_leave_mid_stream(fast_broker, topic_name, reco
                 consumer.shutdown()
 
 
+def appending_listener(path: Path, client: str):
+    """A listener appending what it consumes to ``path`` as ``orderly_worker.py`` does: the log of
+    consumers in this process and in workers, in the order they consumed."""
+    write_lock = threading.Lock()
+
+    def listen(messages, context):
+        with write_lock, open(path, "a") as sink:
+            for m in messages:
+                sink.write(f"{client} {m.key} {int(m.body)} {m.queue_id} {m.queue_offset}\n")
+        return SUCCESS
+
+    return listen
+
+
 def parse_consumed(path: Path) -> OrderLog:
     log = OrderLog()
     for line in path.read_text().splitlines():
@@ -107,14 +121,6 @@ def test_lock_renewal_and_takeover_after_a_consumer_is_killed(fast_broker, topic
     out = tmp_path / "consumed.txt"
     out.touch()
     keys = [f"k{i}" for i in range(16)]
-    write_lock = threading.Lock()
-
-    def survivor_listener(messages, context):
-        with write_lock, open(out, "a") as sink:
-            for m in messages:
-                sink.write(f"survivor {m.key} {int(m.body)} {m.queue_id} {m.queue_offset}\n")
-        return SUCCESS
-
     with Admin(address) as admin, Producer(address) as producer:
         admin.create_topic(topic_name, 4)
         victim = subprocess.Popen(
@@ -124,7 +130,7 @@ def test_lock_renewal_and_takeover_after_a_consumer_is_killed(fast_broker, topic
         )
         try:
             assert victim.stdout.readline().strip() == "started"
-            survivor = start_consumer(address, topic_name, "g", survivor_listener, "survivor")
+            survivor = start_consumer(address, topic_name, "g", appending_listener(out, "survivor"), "survivor")
             try:
                 holders = lambda: {h.queue_id: (h.client_id, h.epoch) for h in admin.lock_holders("g", topic_name)}  # noqa: E731
                 assert wait_until(lambda: sorted(c for c, _ in holders().values()) == ["survivor"] * 2 + ["victim"] * 2)

@@ -71,6 +71,15 @@ def batch_in_flight(checkpoint: Path) -> int | None:
     return planned if planned > last("commits") else None
 
 
+def await_output(conn, driver: subprocess.Popen, log: Path, more_than: int, interval: float = 0.05) -> int:
+    """Wait until the sink's topic shows more than ``more_than`` messages, the driver still running;
+    how many it shows."""
+    assert wait_until(lambda: visible(conn, SINK) > more_than or driver.poll() is not None, timeout=300,
+                      interval=interval), f"no output past {more_than} messages"
+    assert driver.poll() is None, log.read_text()[-3000:]
+    return visible(conn, SINK)
+
+
 def sink_plans(conn: BrokerConnection) -> set[int]:
     """Batch ids whose commit plan the sink recorded (see connector.spark.transactions)."""
     try:
@@ -128,18 +137,14 @@ def run_pipeline_through_failures(address: str, conn, fault_report, tmp_path: Pa
     with StandaloneCluster(tmp_path) as cluster:
         driver = submit(cluster, tmp_path, "driver-1", *args, "--trigger", "interval")
         try:
-            assert wait_until(lambda: visible(conn, SINK) > 0 or driver.poll() is not None, timeout=300)
-            assert driver.poll() is None, (tmp_path / "driver-1.log").read_text()[-3000:]
+            await_output(conn, driver, tmp_path / "driver-1.log", 0)
             assert wait_until(lambda: executor_pids(tmp_path / "work"), timeout=60), "an executor runs"
             executor = executor_pids(tmp_path / "work")[0]
             at_executor_kill = visible(conn, SINK)
             os.kill(executor, signal.SIGKILL)
             # Poll fast: the driver dies right after a batch became visible, likely before Spark
             # recorded it as done, so the restart replays a batch whose transactions are committed.
-            assert wait_until(lambda: visible(conn, SINK) > at_executor_kill or driver.poll() is not None,
-                            timeout=300, interval=0.01), "the pipeline goes on after losing its executor"
-            assert driver.poll() is None, (tmp_path / "driver-1.log").read_text()[-3000:]
-            at_driver_kill = visible(conn, SINK)
+            at_driver_kill = await_output(conn, driver, tmp_path / "driver-1.log", at_executor_kill, interval=0.01)
         finally:
             if driver.poll() is None:
                 os.killpg(driver.pid, signal.SIGKILL)
