@@ -21,8 +21,9 @@ T = TypeVar("T")
 ROOT = Path(__file__).resolve().parent.parent
 # The last broker before staged sends were numbered in their transaction (BeginTxnResponse.numbers_sends).
 BROKER_BEFORE_NUMBERED_STAGING = "ca05a6aa9143a5c966fa0d476ead4bc93edbc989"
-# The broker of the first release: a data dir it wrote must open in every later broker.
-FIRST_RELEASED_BROKER = "7277497d261576d837318b2e66a0d278c804d010"
+# The first release: a data dir its broker wrote must open in every later broker, and its clients and
+# Spark queries must go on beside and under later ones.
+FIRST_RELEASE = "7277497d261576d837318b2e66a0d278c804d010"
 
 
 def older_code(directory: Path, revision: str, *paths: str) -> Path:

@@ -1,6 +1,6 @@
 """A broker upgraded in place keeps everything an older one stored.
 
-The broker of the first release (``tests.support.FIRST_RELEASED_BROKER``, run from this
+The broker of the first release (``tests.support.FIRST_RELEASE``, run from this
 repository's history) writes a data dir: keyed messages, a committed offset, a producer's
 numbered send, a committed transaction and an open one. It is stopped, cleanly or by kill -9,
 and this broker opens the same dir. Every message must be there once and in per-key order, the
@@ -17,7 +17,7 @@ from broker.wire import codec
 from connector.client import Admin, Producer, PullConsumer
 from connector.client.connection import BrokerConnection, pb
 from connector.history import check_keyed
-from tests.support import FIRST_RELEASED_BROKER, older_broker, pull_all
+from tests.support import FIRST_RELEASE, older_broker, pull_all
 
 TOPIC, QUEUES, KEYS = "upgraded", 4, 10
 
@@ -54,7 +54,7 @@ def _write_everything(address: str) -> dict[str, int]:
 
 @pytest.mark.parametrize("stop", ["stop", "kill9"])
 def test_a_data_dir_of_the_first_release_opens_with_everything_it_stored(tmp_path, stop):
-    old = older_broker(tmp_path, FIRST_RELEASED_BROKER).start()
+    old = older_broker(tmp_path, FIRST_RELEASE).start()
     expected = _write_everything(old.address)
     getattr(old, stop)()
 

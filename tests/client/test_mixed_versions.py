@@ -1,6 +1,6 @@
 """Clients of the first release beside this version's, on this broker: what a rolling upgrade of an
 application's instances goes through (brokers are upgraded first). An orderly consumer group holds an
-instance of the first release (``tests.support.FIRST_RELEASED_BROKER``, run from this repository's
+instance of the first release (``tests.support.FIRST_RELEASE``, run from this repository's
 history) and then one of this version; queues move to the new instance when it joins and when the
 older one is stopped, while producers of both versions send. Every key's messages must be consumed
 in order and none lost. The queues the older instance hands over mid-stream are consumed once; an
@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from connector.client import Admin, Producer
-from tests.support import FIRST_RELEASED_BROKER, older_code, wait_until
+from tests.support import FIRST_RELEASE, older_code, wait_until
 
 from .helpers import send_keyed
 from .test_orderly_consumer import appending_listener, parse_consumed, start_consumer
@@ -27,7 +27,8 @@ OLDER_SENDER = """
 import json, sys
 from connector.client import Producer
 from tests.client.helpers import send_keyed
-address, topic, keys, per_key, start = sys.argv[1:3] + [json.loads(sys.argv[3]), int(sys.argv[4]), json.loads(sys.argv[5])]
+address, topic, keys, per_key, start = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4]), \
+    json.loads(sys.argv[5])
 with Producer(address) as producer:
     print(json.dumps(send_keyed(producer, topic, keys, per_key, start)))
 """
@@ -44,7 +45,7 @@ def older_send(older: Path, address: str, topic: str, keys: list[str], per_key: 
 
 def test_an_orderly_group_upgraded_instance_by_instance(fast_broker, topic_name, tmp_path, record_property):
     address = fast_broker.address
-    older = older_code(tmp_path, FIRST_RELEASED_BROKER, *OLDER_TREE)
+    older = older_code(tmp_path, FIRST_RELEASE, *OLDER_TREE)
     out = tmp_path / "consumed.txt"
     out.touch()
     keys = [f"k{i}" for i in range(16)]

@@ -1,5 +1,5 @@
 """A streaming query upgraded in place. The pipeline of scenario 4 (orderlymq -> UDF -> orderlymq,
-exactly once) runs under the connector of the first release (``tests.support.FIRST_RELEASED_BROKER``,
+exactly once) runs under the connector of the first release (``tests.support.FIRST_RELEASE``,
 run from this repository's history) against this broker, as brokers are upgraded first. Its driver
 is killed -9 right after a batch became visible, then the query restarts from its checkpoint under
 this connector. What the older connector left must carry over: source offsets without the group and
@@ -34,7 +34,7 @@ from tests.faults.test_spark_pipeline import (
 from tests.faults.workload import stored_deliveries
 from tests.jobs.cluster import spark_env
 from tests.spark.helpers import committed
-from tests.support import FIRST_RELEASED_BROKER, older_code
+from tests.support import FIRST_RELEASE, older_code
 
 pytestmark = pytest.mark.spark
 
@@ -46,8 +46,9 @@ OLDER_TREE = ("broker", "connector", "pyspark_orderlymq", "spark_jobs", "tests/_
 
 def run_job(job: Path, env: dict[str, str], log: Path, *args: str) -> subprocess.Popen:
     """The pipeline job on local[2], in its own process group (so the whole driver can be killed)."""
-    return subprocess.Popen([sys.executable, str(job), *args], env=env, cwd=job.parents[2],
-                            stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    with open(log, "wb") as out:  # the job writes to its own copy of the file
+        return subprocess.Popen([sys.executable, str(job), *args], env=env, cwd=job.parents[2], stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def test_a_query_of_the_first_release_goes_on_under_this_connector(broker, fault_report, tmp_path):
@@ -59,7 +60,7 @@ def test_a_query_of_the_first_release_goes_on_under_this_connector(broker, fault
     history, seqs = History(), {}
     first = PROFILE.spark_messages * 2 // 3
     produce(address, history, seqs, first)
-    older = older_code(tmp_path, FIRST_RELEASED_BROKER, *OLDER_TREE)
+    older = older_code(tmp_path, FIRST_RELEASE, *OLDER_TREE)
     older_env = {**spark_env(tmp_path), "PYTHONPATH": str(older)}  # the job's tasks import the older connector too
     marker = tmp_path / "failed-once.json"
     marker.write_text("{}")  # no injected task failure: local[2] does not retry tasks
