@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 
 import broker
 from broker.config import BrokerConfig
+from broker.data_dir_lock import DataDirLock
 from broker.locks import LockManager
 from broker.membership import Membership
 from broker.metrics import BrokerMetrics
@@ -59,6 +60,15 @@ class BrokerService:
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
         data = Path(config.data_dir)
+        self._dir_lock = DataDirLock(data)  # before anything in it is read: recovery cuts files
+        try:
+            self._open(data)
+        except BaseException:
+            self._dir_lock.release()
+            raise
+
+    def _open(self, data: Path) -> None:
+        config = self.config
         self.store = Store(
             data,
             segment_bytes=config.segment_bytes,
@@ -456,6 +466,7 @@ class BrokerService:
         self.offsets.close()
         self.locks.close()
         self.metrics.close()
+        self._dir_lock.release()
 
 
 def _all_done(pool: futures.Executor, calls: list[Callable[[], int]]) -> list[int]:
