@@ -154,8 +154,15 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("broker").info("signal %d: shutting down", signum)
         stopped.set()
 
+    def nothing_to_reload(signum, frame):
+        logging.getLogger("broker").info("SIGHUP: nothing to reload (the ACL file and the TLS certificate are reread when "
+                                         "they change); still serving")
+
     signal.signal(signal.SIGTERM, shutdown)
     signal.signal(signal.SIGINT, shutdown)
+    # By default SIGHUP ends a process at once: a closed terminal or a service manager's "reload"
+    # would have stopped the broker without draining its calls.
+    signal.signal(signal.SIGHUP, nothing_to_reload)
     stopped.wait()
     running.stop(grace=2.0)
     return 0
