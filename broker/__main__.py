@@ -155,8 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         stopped.set()
 
     def nothing_to_reload(signum, frame):
-        logging.getLogger("broker").info("SIGHUP: nothing to reload (the ACL file and the TLS certificate are reread when "
-                                         "they change); still serving")
+        logging.getLogger("broker").info("SIGHUP: nothing to reload (the ACL file and the TLS certificate "
+                                         "are reread when they change); still serving")
 
     signal.signal(signal.SIGTERM, shutdown)
     signal.signal(signal.SIGINT, shutdown)

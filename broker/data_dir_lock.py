@@ -45,7 +45,8 @@ class DataDirLock:
                 f"data dir {data_dir} is in use by another broker{holder}: two brokers on one data dir would "
                 "overwrite each other's messages. Stop that broker first, or give this one another data_dir"
             ) from None
-        with contextlib.suppress(OSError):  # the pid only names the holder to a broker refused; a full disk may refuse it
+        # The pid only names the holder to a refused broker; a full disk may refuse to store it.
+        with contextlib.suppress(OSError):
             os.ftruncate(self._fd, 0)
             os.pwrite(self._fd, f"{os.getpid()}\n".encode(), 0)
 

@@ -200,7 +200,8 @@ def _commit_part(conn: Connection, query_id: str, batch_id: int, group: str, par
     """Commit one planned part; if the broker aborted it, this run's part of the same partition
     and group (the same rows) instead, recorded as a revision of the plan first: a later replay
     commits that one too, never a third. The rows made visible, and the transaction committed."""
-    batch = f"batch {batch_id} of query {query_id}: planned transaction {txn_id} of partition {partition} {_on_group(group)}"
+    batch = (f"batch {batch_id} of query {query_id}: planned transaction {txn_id} of partition {partition} "
+             f"{_on_group(group)}")
     try:
         return _commit(conn, group, txn_id), txn_id
     except TransactionNotFoundError:

@@ -378,7 +378,8 @@ def _retention_removes_plans_from(conn, position: int) -> None:
         transactions._record_plan(conn, "another-query", batch, [])
 
     def log_start() -> int:
-        return conn.call("QueryOffsets", pb.QueryOffsetsRequest(topic=transactions.SINK_LOG_TOPIC, queue_id=0)).min_offset
+        request = pb.QueryOffsetsRequest(topic=transactions.SINK_LOG_TOPIC, queue_id=0)
+        return conn.call("QueryOffsets", request).min_offset
 
     assert wait_until(lambda: log_start() > position)
     transactions._committed_here.clear()  # a new driver process: the lookup starts at the stored position
