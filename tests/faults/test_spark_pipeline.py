@@ -80,6 +80,13 @@ def await_output(conn, driver: subprocess.Popen, log: Path, more_than: int, inte
     return visible(conn, SINK)
 
 
+def kill_group(driver: subprocess.Popen) -> None:
+    """SIGKILL the driver's whole process group (its JVM too), if it still runs."""
+    if driver.poll() is None:
+        os.killpg(driver.pid, signal.SIGKILL)
+    driver.wait()
+
+
 def sink_plans(conn: BrokerConnection) -> set[int]:
     """Batch ids whose commit plan the sink recorded (see connector.spark.transactions)."""
     try:
@@ -146,9 +153,7 @@ def run_pipeline_through_failures(address: str, conn, fault_report, tmp_path: Pa
             # recorded it as done, so the restart replays a batch whose transactions are committed.
             at_driver_kill = await_output(conn, driver, tmp_path / "driver-1.log", at_executor_kill, interval=0.01)
         finally:
-            if driver.poll() is None:
-                os.killpg(driver.pid, signal.SIGKILL)
-            driver.wait()
+            kill_group(driver)
         in_flight = batch_in_flight(tmp_path / "checkpoint")
         planned = sink_plans(conn)
         produce(address, history, seqs, PROFILE.spark_messages - first)

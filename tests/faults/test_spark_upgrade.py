@@ -8,8 +8,6 @@ hold every input message once, each key in order, and the source group's offsets
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +26,7 @@ from tests.faults.test_spark_pipeline import (
     SOURCE,
     await_output,
     batch_in_flight,
+    kill_group,
     produce,
     sink_plans,
 )
@@ -75,9 +74,7 @@ def test_a_query_of_the_first_release_goes_on_under_this_connector(broker, fault
         # recorded it as done, so this connector replays a batch the older one committed.
         at_kill = await_output(conn, driver, tmp_path / "older.log", at_first_output, interval=0.01)
     finally:
-        if driver.poll() is None:
-            os.killpg(driver.pid, signal.SIGKILL)
-        driver.wait()
+        kill_group(driver)
     in_flight = batch_in_flight(tmp_path / "checkpoint")
     planned = sink_plans(conn)
     produce(address, history, seqs, PROFILE.spark_messages - first)
