@@ -106,6 +106,16 @@ def _planned_group(query_id: str) -> str:
     return f"spark-sink/{query_id}/planned"
 
 
+def _store_position(conn: Connection, group: str, position: int) -> None:
+    """Store a log position of the sink log as ``group``'s offset (``_log_group``, ``_planned_group``)."""
+    conn.call("CommitOffset", pb.CommitOffsetRequest(group=group, topic=SINK_LOG_TOPIC, queue_id=0, offset=position))
+
+
+def _stored_position(conn: Connection, group: str) -> int:
+    """The position ``_store_position`` stored for ``group``; -1 when none was."""
+    return conn.call("GetOffset", pb.GetOffsetRequest(group=group, topic=SINK_LOG_TOPIC, queue_id=0)).offset
+
+
 def abort_batch(conn: Connection, query_id: str, batch_id: int, parts: list[tuple[str, str]], *,
                 replayable: bool) -> int:
     """Abort a failed batch's ``(broker group, transaction id)`` parts, but those a recorded plan
@@ -168,8 +178,7 @@ def commit_batch(
         plan, position = found
         log.info("batch %d of query %s was planned before (replay): committing that plan", batch_id, query_id)
     # Before any commit (again on a replay: the attempt that recorded the plan may have died first).
-    conn.call("CommitOffset", pb.CommitOffsetRequest(group=_planned_group(query_id), topic=SINK_LOG_TOPIC, queue_id=0,
-                                                     offset=position))
+    _store_position(conn, _planned_group(query_id), position)
     mine = {(partition, group): txn_id for partition, group, txn_id in txns}
     per_group: dict[str, list[tuple[int, str]]] = {}
     for partition, group, txn_id in plan:
@@ -188,8 +197,7 @@ def commit_batch(
     _committed_here[_position_key(conn, query_id)] = (batch_id, position)
 
     def record_position() -> None:
-        request = pb.CommitOffsetRequest(group=_log_group(query_id), topic=SINK_LOG_TOPIC, queue_id=0, offset=position)
-        conn.call("CommitOffset", request)
+        _store_position(conn, _log_group(query_id), position)
 
     at_once(*([record_position] if then is None else [record_position, then]))
     return committed
@@ -237,8 +245,7 @@ def _lookup_start(conn: Connection, query_id: str, batch_id: int) -> int:
     known = _committed_here.get(_position_key(conn, query_id))
     if known is not None and known[0] < batch_id:
         return known[1]
-    request = pb.GetOffsetRequest(group=_log_group(query_id), topic=SINK_LOG_TOPIC, queue_id=0)
-    return conn.call("GetOffset", request).offset
+    return _stored_position(conn, _log_group(query_id))
 
 
 def _on_group(group: str) -> str:
@@ -311,8 +318,7 @@ def _check_plans_removed(conn: Connection, query_id: str, batch_id: int, start: 
     ``first``. Raises if one of them was the query's last plan: the commit of the batch replayed now
     began and was cut short (a later batch is planned only once this one is visible), so some of its
     rows may be visible, and which cannot be told."""
-    planned = conn.call("GetOffset", pb.GetOffsetRequest(group=_planned_group(query_id), topic=SINK_LOG_TOPIC,
-                                                         queue_id=0)).offset
+    planned = _stored_position(conn, _planned_group(query_id))
     if start < planned < first:
         raise TransactionError(
             f"batch {batch_id} of query {query_id}: its commit began (its plan is at offset {planned} of "
