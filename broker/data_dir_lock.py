@@ -16,7 +16,7 @@ import fcntl
 import os
 from pathlib import Path
 
-from broker.persist import fsync_dir
+from broker.persist import make_durable_dir
 
 __all__ = ["DataDirInUseError", "DataDirLock"]
 
@@ -31,9 +31,7 @@ class DataDirLock:
     """The exclusive lock of ``data_dir`` (created if missing), held until ``release``."""
 
     def __init__(self, data_dir: Path) -> None:
-        if not data_dir.exists():
-            data_dir.mkdir(parents=True)
-            fsync_dir(data_dir.parent)  # the data dir itself survives a power cut
+        make_durable_dir(data_dir)
         self.path = data_dir / LOCK_FILE
         self._fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:

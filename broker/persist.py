@@ -99,6 +99,13 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def make_durable_dir(directory: Path) -> None:
+    """Create ``directory`` (and its parents) if missing, so that it survives a power cut."""
+    if not directory.exists():
+        directory.mkdir(parents=True)
+        fsync_dir(directory.parent)
+
+
 def write_json_atomic(path: Path, obj: Any, *, fsync: bool = True) -> None:
     """Replace ``path`` with ``obj`` as JSON: all or nothing, even across a crash.
 

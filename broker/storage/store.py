@@ -24,7 +24,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from broker.persist import disk_full_as_error, fsync_dir, read_json, write_json_atomic
+from broker.persist import disk_full_as_error, fsync_dir, make_durable_dir, read_json, write_json_atomic
 from broker.storage.queue_log import QueueLog
 from broker.storage.segment import CutReport
 from broker.wire import codec
@@ -66,9 +66,7 @@ class Store:
         self.clock = clock
         self._meta_path = self.data_dir / "topics.json"
         self._lock = threading.RLock()
-        if not self.data_dir.exists():
-            self.data_dir.mkdir(parents=True)
-            fsync_dir(self.data_dir.parent)  # the data dir itself survives a power cut
+        make_durable_dir(self.data_dir)
         self._topics: dict[str, int] = {name: int(n) for name, n in read_json(self._meta_path, {}).items()}
         self._queues: dict[tuple[str, int], QueueLog] = {}
         self._holding_back = False  # see hold_back
