@@ -82,6 +82,13 @@ def send_rows(conn: BrokerConnection, topic: str, queue_id: int, rows: list[dict
     return conn.call("Send", pb.SendRequest(topic=topic, queue_id=queue_id, batch=batch, **fields))
 
 
+def stored_keyed(conn: BrokerConnection, topic: str, queues: int) -> list[tuple[str, int]]:
+    """``(key, seq)`` of every message of ``topic`` whose body is ``"<key>:<seq>"``, queue by queue
+    in queue order (what ``connector.history.check_keyed`` judges)."""
+    bodies = [raw.decode() for q in range(queues) for raw in pull_all(conn, topic, q).column("body").to_pylist()]
+    return [(key, int(seq)) for key, seq in (body.rsplit(":", 1) for body in bodies)]
+
+
 def pull_all(conn: BrokerConnection, topic: str, queue_id: int, offset: int = 0, **fields):
     """Every message of a queue from ``offset`` as a pyarrow Table (raw Pull RPCs)."""
     tables = []

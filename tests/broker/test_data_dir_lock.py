@@ -13,7 +13,7 @@ from broker.server import start_broker
 from connector.client import Admin, Producer
 from connector.client.connection import BrokerConnection
 from connector.history import check_keyed
-from tests.support import pull_all
+from tests.support import stored_keyed
 
 TOPIC, QUEUES, KEYS = "guarded", 4, 8
 
@@ -32,9 +32,7 @@ def _send(address: str, expected: dict[str, int], per_key: int) -> None:
 
 def _assert_holds(address: str, expected: dict[str, int]) -> None:
     with BrokerConnection(address) as conn:
-        stored = [raw.decode().rsplit(":", 1) for q in range(QUEUES)
-                  for raw in pull_all(conn, TOPIC, q).column("body").to_pylist()]
-    verdict = check_keyed(expected, [(key, int(seq)) for key, seq in stored])
+        verdict = check_keyed(expected, stored_keyed(conn, TOPIC, QUEUES))
     assert verdict.ok and verdict.duplicated == 0, str(verdict)
 
 

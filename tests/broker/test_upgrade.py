@@ -17,7 +17,7 @@ from broker.wire import codec
 from connector.client import Admin, Producer, PullConsumer
 from connector.client.connection import BrokerConnection, pb
 from connector.history import check_keyed
-from tests.support import FIRST_RELEASE, older_broker, pull_all
+from tests.support import FIRST_RELEASE, older_broker, stored_keyed
 
 TOPIC, QUEUES, KEYS = "upgraded", 4, 10
 
@@ -67,10 +67,9 @@ def test_a_data_dir_of_the_first_release_opens_with_everything_it_stored(tmp_pat
         with BrokerConnection(new.address) as conn:
             committed = conn.call("CommitTxn", pb.CommitTxnRequest(txn_id="open-across")).count
             offset = conn.call("GetOffset", pb.GetOffsetRequest(group="readers", topic=TOPIC, queue_id=0)).offset
-            stored = [raw.decode().rsplit(":", 1) for q in range(QUEUES)
-                      for raw in pull_all(conn, TOPIC, q).column("body").to_pylist()]
+            stored = stored_keyed(conn, TOPIC, QUEUES)
     finally:
         new.stop()
     assert committed == 5 and offset == 7
-    verdict = check_keyed(expected, [(key, int(seq)) for key, seq in stored])
+    verdict = check_keyed(expected, stored)
     assert verdict.ok and verdict.lost == 0, str(verdict)
