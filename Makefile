@@ -9,7 +9,7 @@ export SPARK_LOCAL_IP ?= 127.0.0.1
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: demo cluster test faults fuse browser zookeeper bench proto constraints lint clean
+.PHONY: demo cluster test faults fuse browser zookeeper faketime bench proto constraints lint clean
 
 # The power-loss scenarios (tests/faults/test_power_loss.py) mount a FUSE file system: Debian's fuse3
 # (fusermount3) and libfuse3, installed once when missing.
@@ -50,7 +50,15 @@ zookeeper:  ## Debian's ZooKeeper for the cluster tests (nothing to do when pres
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq zookeeper >/dev/null; \
 	fi
 
-test: $(STAMP) fuse browser zookeeper  ## the whole test suite (what CI runs)
+# The clock-step tests (tests/broker/test_clock_steps.py) run a broker under Debian's libfaketime.
+faketime:  ## Debian's libfaketime for the clock-step tests (nothing to do when present)
+	@if ! ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1; then \
+		echo "installing Debian's libfaketime (steps a broker's wall clock in the clock-step tests)"; \
+		$(SUDO) apt-get update -qq >/dev/null && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq libfaketime >/dev/null; \
+	fi
+
+test: $(STAMP) fuse browser zookeeper faketime  ## the whole test suite (what CI runs)
 	$(PY) -m pytest $(ARGS)
 
 faults: $(STAMP) fuse zookeeper  ## the long versions of the fault scenarios

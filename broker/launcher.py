@@ -17,10 +17,12 @@ __all__ = ["BrokerProcess"]
 
 
 class BrokerProcess:
-    def __init__(self, data_dir: str | Path, *args: str, port: int = 0, log_path: str | Path | None = None) -> None:
+    def __init__(self, data_dir: str | Path, *args: str, port: int = 0, log_path: str | Path | None = None,
+                 env: dict[str, str] | None = None) -> None:
         self.data_dir = Path(data_dir)
         self.args = list(args)
         self.port = port
+        self.env = env  # variables added to this process's environment for the broker's
         self.proc: subprocess.Popen | None = None
         self.code_dir = Path(__file__).resolve().parent.parent  # where ``python -m broker`` runs from
         self.log_path = Path(log_path) if log_path else self.data_dir.parent / f"{self.data_dir.name}-broker.log"
@@ -40,8 +42,8 @@ class BrokerProcess:
         cmd = [sys.executable, "-m", "broker", "--data-dir", str(self.data_dir), "--port", str(self.port),
                "--port-file", str(port_file), *self.args]
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                         cwd=self.code_dir)
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=self.code_dir,
+                                         env=None if self.env is None else {**os.environ, **self.env})
         deadline = time.monotonic() + timeout
         while not port_file.exists():
             if self.proc.poll() is not None:

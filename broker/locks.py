@@ -29,7 +29,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from broker.persist import load_state, wall_ms
+from broker.clocks import steady_ms
+from broker.persist import load_state
 from broker.statedb import StateDB
 from broker.wire.errors import FencedError, InvalidRequestError
 from broker.wire.limits import MAX_CLIENT_ID_BYTES, MAX_GROUP_BYTES, MAX_TOPIC_BYTES, check_name, shown
@@ -51,19 +52,19 @@ _FLOOR, _MIGRATED = "floor", "migrated lock-epochs.json"
 
 @dataclass(frozen=True)
 class LockInfo:
-    """A live queue lock: who holds it, with which epoch, until when (ms since the epoch)."""
+    """A live queue lock: who holds it, with which epoch, and how long its lease has left (ms)."""
 
     topic: str
     queue_id: int
     client_id: str
     epoch: int
-    expires_at_ms: int
+    expires_in_ms: int
 
 
 @dataclass
 class _Entry:
     client_id: str
-    expires_at_ms: int
+    expires_at: int  # steady ms (broker.clocks)
 
 
 class LockManager:
@@ -79,15 +80,16 @@ class LockManager:
     lease_ms : int
         A lock expires this long after its last grant or renewal.
     clock : callable returning int
-        Current time in ms; injected by tests.
+        Steady milliseconds (``broker.clocks``), which leases count on: a step of the system
+        clock neither expires every lease at once nor keeps a dead holder's. Injected by tests.
 
     Notes
     -----
     Thread-safe: one mutex guards the table; epochs are written under it, but only when an epoch
-    changes (holder changes), never on renewals. A lease is live while ``now < expires_at_ms``.
+    changes (holder changes), never on renewals. A lease is live while ``now < expires_at``.
     """
 
-    def __init__(self, state_path: Path | None, lease_ms: int = 60_000, clock: Callable[[], int] = wall_ms):
+    def __init__(self, state_path: Path | None, lease_ms: int = 60_000, clock: Callable[[], int] = steady_ms):
         if not isinstance(lease_ms, int) or isinstance(lease_ms, bool) or lease_ms <= 0:
             raise InvalidRequestError(f"lock lease_ms must be a positive integer, got {lease_ms!r}")
         self._path = Path(state_path) if state_path is not None else None
@@ -125,7 +127,7 @@ class LockManager:
             granted: dict[int, int] = {}
             for qid in wanted:
                 entry = table.get(qid)
-                live = entry is not None and now < entry.expires_at_ms
+                live = entry is not None and now < entry.expires_at
                 if live and entry.client_id != client_id:
                     continue  # held by someone else: refused until the lease expires
                 if not live:
@@ -176,9 +178,10 @@ class LockManager:
             entry = self._locks.get((group, topic), {}).get(queue_id)
             current = self._epochs.get((group, topic), {}).get(queue_id, 0)
             where = f"queue {topic}/{queue_id} of group {group!r}"
-            if entry is None or now >= entry.expires_at_ms:
+            if entry is None or now >= entry.expires_at:
                 lapsed = entry is not None and entry.client_id == client_id
-                why = f"the lock of {client_id!r} expired at {entry.expires_at_ms} ms" if lapsed else "nobody holds it"
+                why = f"the lock of {client_id!r} expired {now - entry.expires_at} ms ago" if lapsed else \
+                    "nobody holds it"
                 raise FencedError(
                     f"{where} is not locked ({why}; current epoch {current}), so client {client_id!r} with "
                     f"epoch {epoch} is fenced; re-lock the queue and use the epoch LockBatch returns"
@@ -201,9 +204,9 @@ class LockManager:
             table = self._locks.get((group, topic), {})
             epochs = self._epochs.get((group, topic), {})
             return [
-                LockInfo(topic, qid, e.client_id, epochs.get(qid, 0), e.expires_at_ms)
+                LockInfo(topic, qid, e.client_id, epochs.get(qid, 0), e.expires_at - now)
                 for qid, e in sorted(table.items())
-                if now < e.expires_at_ms
+                if now < e.expires_at
             ]
 
     def all_holders(self) -> list[tuple[str, LockInfo]]:

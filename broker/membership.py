@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from broker.persist import wall_ms
+from broker.clocks import steady_ms
 from broker.wire.errors import InvalidRequestError
 from broker.wire.limits import MAX_CLIENT_ID_BYTES, MAX_GROUP_BYTES, MAX_TOPIC_BYTES, check_name
 
@@ -41,7 +41,8 @@ class Membership:
     timeout_ms : int
         A member expires this long after its last heartbeat (live while ``now < last + timeout_ms``).
     clock : callable returning int
-        Current time in ms; injected by tests.
+        Steady milliseconds (``broker.clocks``): a step of the system clock expires nobody.
+        Injected by tests.
 
     Notes
     -----
@@ -50,7 +51,7 @@ class Membership:
     observation after the expiry.
     """
 
-    def __init__(self, timeout_ms: int = 30_000, clock: Callable[[], int] = wall_ms):
+    def __init__(self, timeout_ms: int = 30_000, clock: Callable[[], int] = steady_ms):
         if not isinstance(timeout_ms, int) or isinstance(timeout_ms, bool) or timeout_ms <= 0:
             raise InvalidRequestError(f"consumer timeout_ms must be a positive integer, got {timeout_ms!r}")
         self._timeout_ms = timeout_ms

@@ -200,11 +200,10 @@ class _StateCollector(Collector):
         labels = ("group", *_QUEUE, "client_id")
         epoch = _gauge("orderlymq_lock_epoch", labels)
         lease = _gauge("orderlymq_lock_lease_remaining_seconds", labels)
-        now_ms = time.time() * 1000
         for group, info in self._state.locks.all_holders():
             values = (group, info.topic, str(info.queue_id), info.client_id)
             epoch.add_metric(values, info.epoch)
-            lease.add_metric(values, max(0.0, (info.expires_at_ms - now_ms) / 1000))
+            lease.add_metric(values, info.expires_in_ms / 1000)
         yield from (epoch, lease)
 
 

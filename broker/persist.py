@@ -1,4 +1,4 @@
-"""Crash-safe small state files and the wall clock shared by the broker's state modules.
+"""Crash-safe small state files.
 
 ``write_json_atomic`` replaces a file so that after a crash (``kill -9`` or power loss) a reader
 finds either the old or the new content, never a mix. ``read_json`` does not fall back to a
@@ -32,7 +32,6 @@ __all__ = [
     "is_disk_full",
     "load_state",
     "read_json",
-    "wall_ms",
     "write_json_atomic",
 ]
 
@@ -41,11 +40,6 @@ log = logging.getLogger(__name__)
 _NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
 _WARN_EVERY_S = 10.0  # a full disk refuses every write: one log line per data dir this often is enough
 _last_warned: dict[str, float] = {}
-
-
-def wall_ms() -> int:
-    """Milliseconds since the Unix epoch: the default clock of every state module."""
-    return time.time_ns() // 1_000_000
 
 
 def is_disk_full(exc: BaseException) -> bool:

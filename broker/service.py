@@ -22,13 +22,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 import broker
+from broker.clocks import wall_ms
 from broker.config import BrokerConfig
 from broker.data_dir_lock import DataDirLock
-from broker.locks import LockManager
+from broker.locks import LockInfo, LockManager
 from broker.membership import Membership
 from broker.metrics import BrokerMetrics
 from broker.offsets import OffsetStore
-from broker.persist import wall_ms
 from broker.proto import orderlymq_pb2 as pb
 from broker.storage import Store
 from broker.storage.queue_log import QueueLog
@@ -294,10 +294,8 @@ class BrokerService:
         self._still_master()
         queue_ids = self._check_queues(request.topic, request.queue_ids)
         held = self.locks.lock_batch(request.group, request.client_id, request.topic, queue_ids)
-        expires_at_ms = wall_ms() + self.locks.lease_ms
         return pb.LockBatchResponse(locked=[
-            pb.QueueLock(topic=request.topic, queue_id=qid, epoch=epoch, client_id=request.client_id,
-                         expires_at_ms=expires_at_ms)
+            _queue_lock(LockInfo(request.topic, qid, request.client_id, epoch, self.locks.lease_ms))
             for qid, epoch in sorted(held.items())
         ])
 
@@ -308,11 +306,8 @@ class BrokerService:
 
     def QueryLocks(self, request):
         self.store.queue_count(request.topic)
-        return pb.QueryLocksResponse(locks=[
-            pb.QueueLock(topic=i.topic, queue_id=i.queue_id, epoch=i.epoch, client_id=i.client_id,
-                         expires_at_ms=i.expires_at_ms)
-            for i in self.locks.holders(request.group, request.topic)
-        ])
+        holders = self.locks.holders(request.group, request.topic)
+        return pb.QueryLocksResponse(locks=[_queue_lock(info) for info in holders])
 
     # -- membership ----------------------------------------------------------------------------
 
@@ -397,8 +392,7 @@ class BrokerService:
     def ListGroups(self, request):
         holders = defaultdict(list)
         for group, info in self.locks.all_holders():
-            holders[group].append(pb.QueueLock(topic=info.topic, queue_id=info.queue_id, epoch=info.epoch,
-                                               client_id=info.client_id, expires_at_ms=info.expires_at_ms))
+            holders[group].append(_queue_lock(info))
         names = sorted({*self.offsets.groups(), *self.members.groups(), *holders})
         return pb.ListGroupsResponse(groups=[
             pb.GroupInfo(
@@ -412,10 +406,11 @@ class BrokerService:
         ])
 
     def ListTransactions(self, request):
+        now = wall_ms()
         return pb.ListTransactionsResponse(transactions=[
-            pb.OpenTransaction(txn_id=tid, state=state, last_activity_ms=active, expires_at_ms=expires,
-                               staged_bytes=staged)
-            for tid, state, active, expires, staged in self.txns.open_transactions()
+            pb.OpenTransaction(txn_id=tid, state=state, last_activity_ms=now - idle,
+                               expires_at_ms=0 if left is None else now + left, staged_bytes=staged)
+            for tid, state, idle, left, staged in self.txns.open_transactions()
         ])
 
     # -- housekeeping --------------------------------------------------------------------------
@@ -475,6 +470,12 @@ def _all_done(pool: futures.Executor, calls: list[Callable[[], int]]) -> list[in
     running = [pool.submit(call) for call in calls]
     futures.wait(running)
     return [future.result() for future in running]
+
+
+def _queue_lock(info: LockInfo) -> pb.QueueLock:
+    """A lock as answers show it: its lease's end on the wall clock, and how long it has left."""
+    return pb.QueueLock(topic=info.topic, queue_id=info.queue_id, epoch=info.epoch, client_id=info.client_id,
+                        expires_at_ms=wall_ms() + info.expires_in_ms, expires_in_ms=info.expires_in_ms)
 
 
 def _ignore(change) -> None:

@@ -47,7 +47,8 @@ from typing import Any, BinaryIO
 
 import crc32c
 
-from broker.persist import disk_full_as_error, fsync_dir, read_json, wall_ms, write_json_atomic
+from broker.clocks import steady_ms, wall_ms
+from broker.persist import disk_full_as_error, fsync_dir, read_json, write_json_atomic
 from broker.proto import orderlymq_pb2 as pb
 from broker.wire.errors import (
     InternalBrokerError,
@@ -82,7 +83,11 @@ class TransactionManager:
     timeout_ms : int
         Default idle time after which an OPEN transaction is aborted.
     clock : callable returning int
-        Current time in ms; injected by tests.
+        Wall-clock ms: recorded with every state change; how long finished ids are remembered
+        counts on it. Injected by tests.
+    steady : callable returning int
+        Steady ms (``broker.clocks``), which idle timeouts count on: a step of the system clock
+        neither aborts every open transaction nor keeps idle ones open. Injected by tests.
     fsync : bool
         False skips every fsync (tests, or a broker that accepts losing the last changes on power loss).
     keep_finished, finished_retention_ms : int
@@ -103,6 +108,7 @@ class TransactionManager:
         clock: Callable[[], int] = wall_ms,
         fsync: bool = True,
         *,
+        steady: Callable[[], int] = steady_ms,
         keep_finished: int = 100_000,
         finished_retention_ms: int = 24 * 3600 * 1000,
     ):
@@ -113,13 +119,14 @@ class TransactionManager:
         self._journal_path = self._dir / "txn-journal.log"
         self._timeout_ms = timeout_ms
         self._clock = clock
+        self._steady = steady
         self._fsync = fsync
         self._keep_finished = keep_finished
         self._finished_retention_ms = finished_retention_ms
         self._mutex = threading.Lock()
         self._stripes = [threading.Lock() for _ in range(_STRIPES)]
         self._txns: dict[str, dict[str, Any]] = {}
-        self._activity: dict[str, int] = {}  # OPEN ids -> last activity
+        self._activity: dict[str, int] = {}  # OPEN ids -> last activity (steady ms)
         self._staged_counts: dict[str, int] = {}  # OPEN and COMMITTING ids -> sends staged
         self._finished: OrderedDict[str, int] = OrderedDict()  # finished ids, oldest first
         self._journal_records = 0
@@ -152,21 +159,20 @@ class TransactionManager:
         _check_id(txn_id)
         _check_timeout(timeout_ms, allow_zero=True)
         with self._stripe(txn_id), self._mutex:
-            now = self._clock()
             rec = self._txns.get(txn_id)
             if rec is None:
-                rec = {"state": OPEN, "timeout_ms": timeout_ms or self._timeout_ms, "updated_ms": now}
+                rec = {"state": OPEN, "timeout_ms": timeout_ms or self._timeout_ms, "updated_ms": self._clock()}
                 self._record([(txn_id, rec)])
-                self._activity[txn_id] = now
+                self._activity[txn_id] = self._steady()
                 self._staged_counts[txn_id] = 0
                 return OPEN
             if rec["state"] == OPEN:
-                if self._idle_expired(txn_id, rec, now):
-                    self._abort_locked(txn_id, now, _REASON_TIMEOUT)
+                if self._idle_expired(txn_id, rec):
+                    self._abort_locked(txn_id, _REASON_TIMEOUT)
                     return ABORTED
                 if timeout_ms and timeout_ms != rec["timeout_ms"]:
-                    self._record([(txn_id, {**rec, "timeout_ms": timeout_ms, "updated_ms": now})])
-                self._activity[txn_id] = now
+                    self._record([(txn_id, {**rec, "timeout_ms": timeout_ms, "updated_ms": self._clock()})])
+                self._activity[txn_id] = self._steady()
             return rec["state"]
 
     def timeout_ms(self, txn_id: str) -> int:
@@ -211,9 +217,8 @@ class TransactionManager:
         parts = [_ENTRY_HEADER.pack(len(topic_bytes)) + topic_bytes + _QUEUE_ID.pack(queue_id), payload]
         with self._stripe(txn_id):
             with self._mutex:
-                now = self._clock()
-                self._require_open(txn_id, now, "stage a send in")
-                self._activity[txn_id] = now
+                self._require_open(txn_id, "stage a send in")
+                self._activity[txn_id] = self._steady()
                 count = self._staged_counts.get(txn_id, 0)
             if sequence is not None and sequence != count:
                 if sequence < count:
@@ -252,14 +257,13 @@ class TransactionManager:
         _check_id(txn_id)
         with self._stripe(txn_id):
             with self._mutex:
-                now = self._clock()
                 rec = self._txns.get(txn_id)
                 if rec is None:
                     raise _not_found(txn_id)
                 if rec["state"] == COMMITTED:
                     return True, []
                 if rec["state"] != COMMITTING:
-                    rec = self._require_open(txn_id, now, "commit", check_idle=not replay)
+                    rec = self._require_open(txn_id, "commit", check_idle=not replay)
             # Holding the id's stripe: no send can be staged into it while it is read.
             entries = list(self._read_staged(txn_id))
             if rec["state"] == OPEN:
@@ -299,7 +303,7 @@ class TransactionManager:
                 raise TransactionError(
                     f"transaction {txn_id!r} is {rec['state']}, not COMMITTING; prepare_commit must come first"
                 )
-            self._finish_locked(txn_id, COMMITTED, self._clock(), None)
+            self._finish_locked(txn_id, COMMITTED, None)
 
     def abort(self, txn_id: str) -> None:
         """Abort an OPEN transaction and drop its staged data; aborting an ABORTED one is a no-op.
@@ -324,7 +328,7 @@ class TransactionManager:
                     f"transaction {txn_id!r} is being committed; it cannot be aborted, retry CommitTxn instead"
                 )
             if state == OPEN:
-                self._abort_locked(txn_id, self._clock(), _REASON_ABORT)
+                self._abort_locked(txn_id, _REASON_ABORT)
 
     def expire(self) -> list[str]:
         """Abort OPEN transactions idle past their timeout and forget old finished ids.
@@ -335,18 +339,17 @@ class TransactionManager:
             The ids aborted by this call.
         """
         with self._mutex:
-            now = self._clock()
-            candidates = [tid for tid in self._activity if self._idle_expired(tid, self._txns[tid], now)]
+            candidates = [tid for tid in self._activity if self._idle_expired(tid, self._txns[tid])]
         aborted = []
         for txn_id in candidates:
             with self._stripe(txn_id), self._mutex:
                 rec = self._txns.get(txn_id)
                 # Re-check: a send may have refreshed it, or a commit moved it on, since the scan.
-                if rec is not None and rec["state"] == OPEN and self._idle_expired(txn_id, rec, now):
-                    self._abort_locked(txn_id, now, _REASON_TIMEOUT)
+                if rec is not None and rec["state"] == OPEN and self._idle_expired(txn_id, rec):
+                    self._abort_locked(txn_id, _REASON_TIMEOUT)
                     aborted.append(txn_id)
         with self._mutex:
-            self._forget_old_locked(now)
+            self._forget_old_locked(self._clock())
         return aborted
 
     def open_count(self) -> int:
@@ -354,20 +357,20 @@ class TransactionManager:
         with self._mutex:
             return len(self._activity)
 
-    def open_transactions(self) -> list[tuple[str, str, int, int, int]]:
-        """``(id, state, last activity ms, expiry ms, staged bytes)`` of every transaction not yet
-        finished (OPEN, or COMMITTING after a crash; expiry 0), oldest activity first."""
+    def open_transactions(self) -> list[tuple[str, str, int, int | None, int]]:
+        """``(id, state, ms idle, ms until aborted, staged bytes)`` of every transaction not yet
+        finished (OPEN, or COMMITTING after a crash: never aborted, None), the longest idle first."""
         with self._mutex:
-            live = [
-                (tid, rec["state"], self._activity.get(tid, rec["updated_ms"]), rec["timeout_ms"])
-                for tid, rec in self._txns.items()
-                if rec["state"] in (OPEN, COMMITTING)
-            ]
-        out = []
-        for tid, state, active_ms, timeout_ms in sorted(live, key=lambda t: (t[2], t[0])):
-            expires_ms = active_ms + timeout_ms if state == OPEN else 0
-            out.append((tid, state, active_ms, expires_ms, self._staged_size(tid)))
-        return out
+            tick, now = self._steady(), self._clock()
+            live = []
+            for tid, rec in self._txns.items():
+                if rec["state"] == OPEN:
+                    idle = tick - self._activity[tid]
+                    live.append((tid, OPEN, idle, max(0, rec["timeout_ms"] - idle)))
+                elif rec["state"] == COMMITTING:
+                    live.append((tid, COMMITTING, max(0, now - rec["updated_ms"]), None))
+        return [(tid, state, idle, left, self._staged_size(tid))
+                for tid, state, idle, left in sorted(live, key=lambda t: (-t[2], t[0]))]
 
     def committing(self) -> list[str]:
         """Ids left COMMITTING (by a crash between prepare and mark), oldest first."""
@@ -405,7 +408,7 @@ class TransactionManager:
                 return
             if rec is None:
                 self._txns[txn_id] = {"state": OPEN, "timeout_ms": self._timeout_ms, "updated_ms": self._clock()}
-            self._finish_locked(txn_id, state, self._clock(), None)
+            self._finish_locked(txn_id, state, None)
 
     def close(self) -> None:
         """Release the journal file; the manager must not be used afterwards."""
@@ -414,12 +417,12 @@ class TransactionManager:
 
     # ---- state changes (callers hold the id's stripe and the mutex) -------------------------
 
-    def _require_open(self, txn_id: str, now: int, action: str, check_idle: bool = True) -> dict[str, Any]:
+    def _require_open(self, txn_id: str, action: str, check_idle: bool = True) -> dict[str, Any]:
         rec = self._txns.get(txn_id)
         if rec is None:
             raise _not_found(txn_id)
-        if check_idle and rec["state"] == OPEN and self._idle_expired(txn_id, rec, now):
-            self._abort_locked(txn_id, now, _REASON_TIMEOUT)
+        if check_idle and rec["state"] == OPEN and self._idle_expired(txn_id, rec):
+            self._abort_locked(txn_id, _REASON_TIMEOUT)
             rec = self._txns[txn_id]
         if rec["state"] == ABORTED:
             raise _aborted(txn_id, rec)
@@ -429,13 +432,15 @@ class TransactionManager:
             )
         return rec
 
-    def _idle_expired(self, txn_id: str, rec: dict[str, Any], now: int) -> bool:
-        return now - self._activity.get(txn_id, now) >= rec["timeout_ms"]
+    def _idle_expired(self, txn_id: str, rec: dict[str, Any]) -> bool:
+        tick = self._steady()
+        return tick - self._activity.get(txn_id, tick) >= rec["timeout_ms"]
 
-    def _abort_locked(self, txn_id: str, now: int, reason: str) -> None:
-        self._finish_locked(txn_id, ABORTED, now, reason)
+    def _abort_locked(self, txn_id: str, reason: str) -> None:
+        self._finish_locked(txn_id, ABORTED, reason)
 
-    def _finish_locked(self, txn_id: str, state: str, now: int, reason: str | None) -> None:
+    def _finish_locked(self, txn_id: str, state: str, reason: str | None) -> None:
+        now = self._clock()
         rec = {**self._txns[txn_id], "state": state, "updated_ms": now}
         if reason is not None:
             rec["reason"] = reason
@@ -584,7 +589,7 @@ class TransactionManager:
             raise InternalBrokerError(f"transaction state file {self._state_path} is not valid ({exc})") from exc
 
         replayed = self._replay_journal()
-        now = self._clock()
+        tick = self._steady()
         live_files = set()
         for tid, rec in self._txns.items():
             if rec["state"] in (OPEN, COMMITTING):
@@ -592,7 +597,7 @@ class TransactionManager:
                 live_files.add(path.name)
                 self._staged_counts[tid] = _cut_torn_tail(path, self._fsync)
                 if rec["state"] == OPEN:
-                    self._activity[tid] = now
+                    self._activity[tid] = tick
         for tid, rec in sorted(self._txns.items(), key=lambda item: item[1]["updated_ms"]):
             if rec["state"] in (COMMITTED, ABORTED):
                 self._finished[tid] = rec["updated_ms"]

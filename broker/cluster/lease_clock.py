@@ -1,4 +1,4 @@
-"""The clock a group's leases count on (``node.py``): ``CLOCK_BOOTTIME`` where the system has it.
+"""The clock a group's leases count on (``node.py``): ``broker.clocks.steady_s``.
 
 ``time.monotonic()`` (``CLOCK_MONOTONIC``) stands still while the host is suspended, but ZooKeeper
 expiring a session and slaves keeping their promises count that time: a master resumed from a
@@ -7,10 +7,6 @@ suspend must count it too, or it would believe its leases still held while anoth
 
 from __future__ import annotations
 
-import functools
-import time
+from broker.clocks import steady_s as now
 
 __all__ = ["now"]
-
-now = functools.partial(time.clock_gettime, time.CLOCK_BOOTTIME) if hasattr(time, "CLOCK_BOOTTIME") \
-    else time.monotonic

@@ -329,18 +329,20 @@ class GetOffsetResponse(_message.Message):
     def __init__(self, offset: _Optional[int] = ..., committed_by: _Optional[str] = ...) -> None: ...
 
 class QueueLock(_message.Message):
-    __slots__ = ("topic", "queue_id", "epoch", "client_id", "expires_at_ms")
+    __slots__ = ("topic", "queue_id", "epoch", "client_id", "expires_at_ms", "expires_in_ms")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     EXPIRES_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_IN_MS_FIELD_NUMBER: _ClassVar[int]
     topic: str
     queue_id: int
     epoch: int
     client_id: str
     expires_at_ms: int
-    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., epoch: _Optional[int] = ..., client_id: _Optional[str] = ..., expires_at_ms: _Optional[int] = ...) -> None: ...
+    expires_in_ms: int
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., epoch: _Optional[int] = ..., client_id: _Optional[str] = ..., expires_at_ms: _Optional[int] = ..., expires_in_ms: _Optional[int] = ...) -> None: ...
 
 class LockBatchRequest(_message.Message):
     __slots__ = ("group", "client_id", "topic", "queue_ids")

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 
 import pyarrow as pa
 
-from broker.persist import wall_ms
+from broker.clocks import steady_ms
 from broker.proto import orderlymq_pb2 as pb
 from broker.rocketmq.deliveries import QueueDeliveries
 from broker.rocketmq.mapping import MESSAGE_ID_PROPERTY, message_id_of, to_rocketmq
@@ -53,7 +53,7 @@ def _rows(table: pa.Table) -> list[dict]:
 class Consumption:
     """The delivery states of every (group, topic, queue) RocketMQ consumers read."""
 
-    def __init__(self, broker, clock: Callable[[], int] = wall_ms) -> None:
+    def __init__(self, broker, clock: Callable[[], int] = steady_ms) -> None:
         self.broker = broker
         self.store = broker.store
         self.locks = broker.locks

@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from broker.persist import wall_ms
+from broker.clocks import steady_ms
 from broker.proto import orderlymq_pb2 as pb
 from broker.rocketmq.protocol import Code, definition, service
 from broker.rocketmq.statuses import RocketMQStatusError
@@ -53,7 +53,7 @@ def transaction_id(client_id: str, message_id: str) -> str:
 class HalfMessages:
     """Half messages of RocketMQ producers: staged, resolved, and checked when orphaned."""
 
-    def __init__(self, broker, clock: Callable[[], int] = wall_ms) -> None:
+    def __init__(self, broker, clock: Callable[[], int] = steady_ms) -> None:
         self.broker = broker
         self.clock = clock
         self._pending: dict[str, _Pending] = {}

@@ -32,14 +32,14 @@ def locks(state_path, clock):
 
 def test_free_queue_goes_to_the_asker(locks):
     assert locks.lock_batch("g", "A", "t", [0]) == {0: 1}
-    assert locks.holders("g", "t") == [LockInfo("t", 0, "A", 1, 1_000_000 + LEASE)]
+    assert locks.holders("g", "t") == [LockInfo("t", 0, "A", 1, LEASE)]
 
 
 def test_holder_relocking_renews_the_lease_and_keeps_the_epoch(locks, clock):
     assert locks.lock_batch("g", "A", "t", [0]) == {0: 1}
     clock.advance(LEASE - 1)
     assert locks.lock_batch("g", "A", "t", [0]) == {0: 1}
-    assert locks.holders("g", "t")[0].expires_at_ms == clock.now + LEASE
+    assert locks.holders("g", "t")[0].expires_in_ms == LEASE
     clock.advance(LEASE - 1)  # past the first lease, within the renewed one
     assert locks.holders("g", "t")[0].client_id == "A"
     locks.check("g", "t", 0, "A", 1)
@@ -58,7 +58,7 @@ def test_expired_lock_goes_to_a_new_client_with_a_higher_epoch(locks, clock):
     clock.advance(LEASE)  # live while now < expires_at
     assert locks.holders("g", "t") == []
     assert locks.lock_batch("g", "B", "t", [0]) == {0: 2}
-    assert locks.holders("g", "t") == [LockInfo("t", 0, "B", 2, clock.now + LEASE)]
+    assert locks.holders("g", "t") == [LockInfo("t", 0, "B", 2, LEASE)]
     assert locks.lock_batch("g", "A", "t", [0]) == {}
 
 
@@ -114,7 +114,7 @@ def test_groups_topics_and_queues_are_independent(locks):
     assert locks.lock_batch("g2", "B", "t", [0]) == {0: 1}
     assert locks.lock_batch("g1", "C", "u", [0]) == {0: 1}
     assert locks.lock_batch("g1", "C", "t", [1]) == {1: 1}
-    assert locks.holders("g1", "t") == [LockInfo("t", 0, "A", 1, 1_001_000), LockInfo("t", 1, "C", 1, 1_001_000)]
+    assert locks.holders("g1", "t") == [LockInfo("t", 0, "A", 1, LEASE), LockInfo("t", 1, "C", 1, LEASE)]
 
 
 def test_check_passes_for_live_holder_with_its_epoch(locks):

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.persist import read_json, wall_ms, write_json_atomic
+from broker.clocks import wall_ms
+from broker.persist import read_json, write_json_atomic
 from broker.wire.errors import InternalBrokerError
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -35,7 +35,7 @@ def open_manager(directory, clock):
 
     def make(**kwargs):
         kwargs.setdefault("timeout_ms", TIMEOUT)
-        manager = TransactionManager(directory, clock=clock, **kwargs)
+        manager = TransactionManager(directory, clock=clock, steady=clock, **kwargs)
         opened.append(manager)
         return manager
 
@@ -233,6 +233,26 @@ def test_timeout_is_enforced_without_waiting_for_expire(txns, clock):
     txns.begin("v")
     clock.now += TIMEOUT
     assert txns.begin("v") == ABORTED
+
+
+def test_idle_timeouts_count_on_the_steady_clock_not_the_wall_clock(directory):
+    """A step of the system clock (an NTP correction, ``date -s``) neither aborts an open
+    transaction nor keeps an idle one: only the steady clock counts idle time."""
+    wall, steady = FakeClock(5_000_000), FakeClock(0)
+    txns = TransactionManager(directory, timeout_ms=TIMEOUT, clock=wall, steady=steady)
+    try:
+        txns.begin("t")
+        txns.stage("t", "x", 0, b"1")
+        wall.now += 3_600_000  # stepped an hour forward
+        assert txns.expire() == [] and txns.state("t") == OPEN
+        txns.stage("t", "x", 0, b"2")
+        steady.now += TIMEOUT // 2
+        assert txns.open_transactions() == [("t", OPEN, TIMEOUT // 2, TIMEOUT // 2, 2 * (8 + 2 + 1 + 4 + 1))]
+        wall.now -= 7_200_000  # and two hours back
+        steady.now += TIMEOUT // 2
+        assert txns.expire() == ["t"]
+    finally:
+        txns.close()
 
 
 def test_restart_keeps_open_transactions_and_staged_data(open_manager, clock):

@@ -244,7 +244,7 @@ def test_a_commit_in_progress_reaches_slaves_as_committing_from_its_queue_ends(t
     master.begin("c", 1_000)
     master.stage("c", "t", 0, b"x")
     master.prepare_commit("c", lambda queues: dict.fromkeys(queues, 7))
-    replayed = TransactionManager(tmp_path / "replayed", fsync=False, clock=lambda: now[0])
+    replayed = TransactionManager(tmp_path / "replayed", fsync=False, steady=lambda: now[0])
     Kind = pb.TxnChange.Kind
     apply_changes(replayed, [pb.TxnChange(kind=Kind.BEGIN, txn_id="c", timeout_ms=1_000),
                              pb.TxnChange(kind=Kind.STAGE, txn_id="c", topic="t", queue_id=0, payload=b"x")])

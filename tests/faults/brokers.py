@@ -14,8 +14,9 @@ def _toml_value(value) -> str:
     return f'"{value}"' if isinstance(value, str) else str(value)
 
 
-def broker_process(data_dir: Path, **settings) -> BrokerProcess:
-    """A (not yet started) ``BrokerProcess`` on ``data_dir`` with ``settings`` (``BrokerConfig`` names).
+def broker_process(data_dir: Path, *, env: dict[str, str] | None = None, **settings) -> BrokerProcess:
+    """A (not yet started) ``BrokerProcess`` on ``data_dir`` with ``settings`` (``BrokerConfig`` names)
+    and ``env`` added to its environment.
 
     The settings are checked here, so a typo fails before any process starts.
     """
@@ -24,4 +25,4 @@ def broker_process(data_dir: Path, **settings) -> BrokerProcess:
     config.parent.mkdir(parents=True, exist_ok=True)
     lines = ["[broker]"] + [f"{name} = {_toml_value(value)}" for name, value in sorted(settings.items())]
     config.write_text("\n".join(lines) + "\n")
-    return BrokerProcess(data_dir, "--config", str(config))
+    return BrokerProcess(data_dir, "--config", str(config), env=env)

@@ -1,0 +1,166 @@
+"""A step of the broker host's clock (an NTP correction at boot, ``date -s``, a virtual machine
+resumed from a snapshot) changes nothing that counts time: queue lock leases, idle transaction
+timeouts, consumer heartbeats.
+
+The broker runs under Debian's libfaketime (``make faketime``; make test installs it), which moves
+the wall clock the process reads and leaves its steady clock alone, as a real step does. Each step
+is read back from the broker's answers before the test goes on.
+"""
+
+from __future__ import annotations
+
+import glob
+import time
+from pathlib import Path
+
+import pytest
+
+from broker.launcher import BrokerProcess
+from connector.client import Admin, OrderlyConsumer, Producer
+from connector.client.connection import BrokerConnection, pb
+from connector.client.transaction import Transaction
+from connector.history import check_keyed
+from tests.client.helpers import FAST, OrderLog, send_keyed
+from tests.faults.brokers import broker_process
+from tests.support import stored_keyed, wait_until
+
+TOPIC, QUEUES, KEYS = "stepped", 4, 8
+LEASE_MS = CONSUMER_TIMEOUT_MS = 10_000
+HOUR_S = 3600
+_PROBE_GROUP = "clock-probe"
+
+
+class SteppedClock:
+    """The wall clock of the processes started with ``env()``: real time plus an offset that
+    ``step`` changes while they run."""
+
+    def __init__(self, path: Path) -> None:
+        libraries = glob.glob("/usr/lib/*/faketime/libfaketime.so.1")
+        if not libraries:
+            pytest.fail("libfaketime is not installed: run `make faketime` (make test does)")
+        self.library, self.path, self.offset_s = libraries[0], path, 0
+        path.write_text("+0\n")
+
+    def env(self) -> dict[str, str]:
+        return {"LD_PRELOAD": self.library, "FAKETIME_TIMESTAMP_FILE": str(self.path),
+                "FAKETIME_DONT_FAKE_MONOTONIC": "1", "FAKETIME_CACHE_DURATION": "1"}
+
+    def step(self, conn: BrokerConnection, seconds: int) -> None:
+        """Step the broker's wall clock by ``seconds``, and wait until it reads the new time."""
+        self.offset_s += seconds
+        self.path.write_text(f"{self.offset_s:+d}\n")
+        target_ms = self.offset_s * 1000
+        assert wait_until(lambda: abs(_broker_wall_ms(conn) - time.time() * 1000 - target_ms) < 5_000, 30)
+
+
+def _broker_wall_ms(conn: BrokerConnection) -> int:
+    """The broker's wall clock, from a lock of a group of its own: its lease ends at the broker's
+    wall time plus what it has left."""
+    (lock,) = _lock(conn, "probe", group=_PROBE_GROUP)
+    return lock.expires_at_ms - lock.expires_in_ms
+
+
+def _lock(conn: BrokerConnection, client_id: str, group: str = "g") -> list[pb.QueueLock]:
+    request = pb.LockBatchRequest(group=group, client_id=client_id, topic=TOPIC, queue_ids=[0])
+    return list(conn.call("LockBatch", request).locked)
+
+
+def _members(conn: BrokerConnection) -> list[str]:
+    return list(conn.call("ListConsumers", pb.ListConsumersRequest(group="g")).client_ids)
+
+
+@pytest.fixture
+def stepped(tmp_path):
+    """A broker whose wall clock the test steps, with a topic, and a connection to it."""
+    clock = SteppedClock(tmp_path / "clock-offset")
+    broker: BrokerProcess = broker_process(tmp_path / "data", env=clock.env(), lock_lease_ms=LEASE_MS,
+                                           consumer_timeout_ms=CONSUMER_TIMEOUT_MS).start()
+    try:
+        with Admin(broker.address) as admin:
+            admin.create_topic(TOPIC, QUEUES)
+        with BrokerConnection(broker.address, retry_timeout=10) as conn:
+            yield broker, clock, conn
+    finally:
+        assert broker.stop() == 0
+
+
+def test_a_lock_lease_counts_on_the_steady_clock(stepped):
+    """Stepped forward, a lease still runs: its holder renews it at the same epoch and nobody
+    else gets the queue. Stepped back, it still ends a lease after its holder stops renewing."""
+    _, clock, conn = stepped
+    (held,) = _lock(conn, "A")
+    clock.step(conn, HOUR_S)
+    assert [lock.epoch for lock in _lock(conn, "A")] == [held.epoch]  # renewed, never lapsed
+    assert _lock(conn, "B") == []
+    conn.call("CommitOffset", pb.CommitOffsetRequest(group="g", topic=TOPIC, queue_id=0, offset=0,
+                                                     client_id="A", epoch=held.epoch))
+    clock.step(conn, -2 * HOUR_S)
+    (taken,) = wait_until(lambda: _lock(conn, "B"), 6 * LEASE_MS / 1000)  # not an hour later
+    assert taken.epoch > held.epoch
+
+
+def test_group_members_count_on_the_steady_clock(stepped):
+    """Stepped forward, a member stays in its group; stepped back, one that stopped sending
+    heartbeats still leaves it on time."""
+    _, clock, conn = stepped
+    conn.call("Heartbeat", pb.HeartbeatRequest(group="g", client_id="A", topics=[TOPIC]))
+    clock.step(conn, HOUR_S)
+    assert _members(conn) == ["A"]
+    clock.step(conn, -2 * HOUR_S)
+    assert wait_until(lambda: _members(conn) == [], 6 * CONSUMER_TIMEOUT_MS / 1000)
+
+
+def test_an_orderly_group_consumes_across_clock_steps(stepped):
+    """Two instances of an orderly consumer group consume a stream while the broker's clock steps
+    an hour forward, then two back: every key in order, nothing lost, nothing consumed twice (no
+    instance lost its queues to the other)."""
+    _, clock, conn = stepped
+    log, keys = OrderLog(), [f"account-{i}" for i in range(KEYS)]
+    consumers = [OrderlyConsumer(conn.address, "g", log.listener(name), client_id=name, **FAST)
+                 for name in ("c1", "c2")]
+    with Producer(conn.address) as producer, Admin(conn.address) as admin:
+        for consumer in consumers:
+            consumer.subscribe(TOPIC)
+            consumer.start()
+        try:
+            assert wait_until(lambda: len({lock.client_id for lock in admin.lock_holders("g", TOPIC)}) == 2)
+            expected = send_keyed(producer, TOPIC, keys, 20)
+            clock.step(conn, HOUR_S)
+            expected = send_keyed(producer, TOPIC, keys, 20, start=expected)
+            clock.step(conn, -2 * HOUR_S)
+            expected = send_keyed(producer, TOPIC, keys, 20, start=expected)
+            assert wait_until(lambda: log.has_all(expected))
+        finally:
+            for consumer in consumers:
+                consumer.shutdown()
+    assert log.check(expected) == 0
+
+
+def test_transactions_count_idle_time_on_the_steady_clock(stepped):
+    """An open transaction stages and commits across both steps: every message is stored once,
+    in order per key. One left idle across them is still aborted once its timeout passes."""
+    _, clock, conn = stepped
+    expected: dict[str, int] = {}
+    with Producer(conn.address) as producer, Admin(conn.address) as admin:
+        txn = Transaction(producer, timeout_ms=4 * LEASE_MS).begin()
+        idle = Transaction(producer, timeout_ms=LEASE_MS).begin()
+        idle.send(TOPIC, "idle:0", key="idle")
+        _stage(txn, expected, 10)
+        clock.step(conn, HOUR_S)
+        _stage(txn, expected, 10)
+        clock.step(conn, -2 * HOUR_S)
+        _stage(txn, expected, 10)
+        assert txn.commit() == 30 * KEYS
+        assert wait_until(lambda: [t.txn_id for t in admin.open_transactions()] == [], 6 * LEASE_MS / 1000)
+    verdict = check_keyed(expected, stored_keyed(conn, TOPIC, QUEUES))
+    assert verdict.ok and verdict.duplicated == 0, str(verdict)
+
+
+def _stage(txn: Transaction, expected: dict[str, int], per_key: int) -> None:
+    """Stage ``per_key`` more messages of every key, bodies ``key:seq``."""
+    for _ in range(per_key):
+        for k in range(KEYS):
+            key = f"k{k}"
+            seq = expected.get(key, 0)
+            txn.send(TOPIC, f"{key}:{seq}", key=key)
+            expected[key] = seq + 1
