@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from connector.client.connection import Credentials, TlsOptions, pb
+from connector.client.locking import lease_left_ms
 from connector.client.routed import RoutedConnection
 
 __all__ = ["Admin", "BrokerGroup", "GroupOffset", "GroupState", "LockHolder", "OpenTransaction", "QueueProgress",
@@ -83,13 +84,15 @@ class QueueProgress:
 
 @dataclass(frozen=True)
 class LockHolder:
-    """Who holds a queue lock, with which fencing epoch, until when (ms since the epoch)."""
+    """Who holds a queue lock, with which fencing epoch, until when (ms since the epoch), and how
+    long its lease had left as the broker answered (counted on the broker's clock)."""
 
     topic: str
     queue_id: int
     client_id: str
     epoch: int
     expires_at_ms: int
+    lease_left_ms: int
 
 
 @dataclass(frozen=True)
@@ -117,7 +120,7 @@ class GroupState:
             info.group,
             tuple(GroupOffset(o.topic, o.queue_id, o.offset, o.committed_by) for o in info.offsets),
             tuple(info.consumers),
-            tuple(LockHolder(lk.topic, lk.queue_id, lk.client_id, lk.epoch, lk.expires_at_ms) for lk in info.locks),
+            tuple(_holder(lk, lk.topic) for lk in info.locks),
         )
 
 
@@ -226,7 +229,7 @@ class Admin:
         response = self._call("QueryLocks", pb.QueryLocksRequest(group=group, topic=topic))
         return sorted(
             (
-                LockHolder(lk.topic or topic, lk.queue_id, lk.client_id, lk.epoch, lk.expires_at_ms)
+                _holder(lk, lk.topic or topic)
                 for lk in response.locks
             ),
             key=lambda h: h.queue_id,
@@ -265,3 +268,7 @@ class Admin:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _holder(lock: pb.QueueLock, topic: str) -> LockHolder:
+    return LockHolder(topic, lock.queue_id, lock.client_id, lock.epoch, lock.expires_at_ms, lease_left_ms(lock))

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from broker.wire.errors import LockUnavailableError, OrderlyMQError
 from connector.client.connection import BrokerConnection, pb
 
-__all__ = ["lock_queues", "queues_by_topic", "try_lock"]
+__all__ = ["lease_left_ms", "lock_queues", "queues_by_topic", "try_lock"]
 
 Queue = tuple[str, int]  # (topic, queue id)
 
@@ -59,6 +59,15 @@ def queues_by_topic(queues: Iterable[Queue]) -> dict[str, list[int]]:
     return grouped
 
 
+def lease_left_ms(lock: pb.QueueLock) -> int:
+    """How long the lease of ``lock`` had left when the broker answered: on the broker's clock,
+    so that a client whose clock differs from the broker's renews in time (a broker older than
+    ``expires_in_ms`` leaves it 0: the wall clocks are compared then)."""
+    if lock.expires_in_ms:
+        return lock.expires_in_ms
+    return lock.expires_at_ms - int(time.time() * 1000)
+
+
 def _holders(conn: BrokerConnection, group: str, client_id: str, missing: list[Queue]) -> list[str]:
     described = []
     for topic, ids in queues_by_topic(missing).items():
@@ -70,7 +79,7 @@ def _holders(conn: BrokerConnection, group: str, client_id: str, missing: list[Q
         for queue_id in ids:
             lock = locks.get(queue_id)
             if lock is not None and lock.client_id and lock.client_id != client_id:
-                left = max(0, lock.expires_at_ms - int(time.time() * 1000))
+                left = max(0, lease_left_ms(lock))
                 described.append(f"{topic}/{queue_id} held by client {lock.client_id!r} "
                                  f"(epoch {lock.epoch}, lease ends in {left} ms)")
             else:

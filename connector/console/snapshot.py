@@ -26,7 +26,7 @@ def take_snapshot(admin: Admin, address: str) -> dict[str, Any]:
         "time_ms": now_ms,
         "broker": {**health, "address": address, "rtt_ms": round(rtt_ms, 2)},
         "topics": [_topic(name, statuses) for name, statuses in queues.items()],
-        "groups": [_group(group, queues, now_ms) for group in admin.groups()],
+        "groups": [_group(group, queues) for group in admin.groups()],
         "transactions": [
             {
                 "txn_id": t.txn_id,
@@ -49,7 +49,7 @@ def _topic(name: str, statuses: list[QueueStatus]) -> dict[str, Any]:
     }
 
 
-def _group(group: GroupState, queues: dict[str, list[QueueStatus]], now_ms: int) -> dict[str, Any]:
+def _group(group: GroupState, queues: dict[str, list[QueueStatus]]) -> dict[str, Any]:
     committed = {(o.topic, o.queue_id): o for o in group.offsets}
     holders = {(h.topic, h.queue_id): h for h in group.locks}
     # Every queue of a topic the group works on: a queue it never committed lags by all it stores.
@@ -81,7 +81,7 @@ def _group(group: GroupState, queues: dict[str, list[QueueStatus]], now_ms: int)
                 "queue_id": h.queue_id,
                 "client_id": h.client_id,
                 "epoch": h.epoch,
-                "lease_left_s": max(0.0, (h.expires_at_ms - now_ms) / 1000),
+                "lease_left_s": max(0.0, h.lease_left_ms / 1000),
             }
             for h in group.locks
         ],

@@ -251,9 +251,8 @@ class LockKeeper:
                 log.warning("renewing queue locks of %s for %s failed: %s", where, self.client_id, exc)
                 continue
             granted = {lock.queue_id: lock for lock in response.locked}
-            now_ms = time.time() * 1000
             for lock in granted.values():
-                left = (lock.expires_at_ms - now_ms) / 1000
+                left = locking.lease_left_ms(lock) / 1000
                 lease_s = left if lease_s is None else min(lease_s, left)
             for queue_id in ids:
                 lock = granted.get(queue_id)

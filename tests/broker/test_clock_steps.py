@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from broker.launcher import BrokerProcess
-from connector.client import Admin, OrderlyConsumer, Producer
+from connector.client import Admin, OrderlyConsumer, Producer, locking
 from connector.client.connection import BrokerConnection, pb
 from connector.client.transaction import Transaction
 from connector.history import check_keyed
@@ -91,6 +91,8 @@ def test_a_lock_lease_counts_on_the_steady_clock(stepped):
     (held,) = _lock(conn, "A")
     clock.step(conn, HOUR_S)
     assert [lock.epoch for lock in _lock(conn, "A")] == [held.epoch]  # renewed, never lapsed
+    (shown,) = conn.call("QueryLocks", pb.QueryLocksRequest(group="g", topic=TOPIC)).locks
+    assert 0 < locking.lease_left_ms(shown) <= LEASE_MS  # though the broker's clock is an hour ahead of ours
     assert _lock(conn, "B") == []
     conn.call("CommitOffset", pb.CommitOffsetRequest(group="g", topic=TOPIC, queue_id=0, offset=0,
                                                      client_id="A", epoch=held.epoch))
