@@ -1,17 +1,9 @@
 """A step of the broker host's clock (an NTP correction at boot, ``date -s``, a virtual machine
 resumed from a snapshot) changes nothing that counts time: queue lock leases, idle transaction
-timeouts, consumer heartbeats.
-
-The broker runs under Debian's libfaketime (``make faketime``; make test installs it), which moves
-the wall clock the process reads and leaves its steady clock alone, as a real step does. Each step
-is read back from the broker's answers before the test goes on.
+timeouts, consumer heartbeats. The broker's wall clock is stepped with ``tests.faults.stepped_clock``.
 """
 
 from __future__ import annotations
-
-import glob
-import time
-from pathlib import Path
 
 import pytest
 
@@ -22,47 +14,15 @@ from connector.client.transaction import Transaction
 from connector.history import check_keyed
 from tests.client.helpers import FAST, OrderLog, send_keyed
 from tests.faults.brokers import broker_process
+from tests.faults.stepped_clock import HOUR_S, SteppedClock, lock_queue
 from tests.support import stored_keyed, wait_until
 
 TOPIC, QUEUES, KEYS = "stepped", 4, 8
 LEASE_MS = CONSUMER_TIMEOUT_MS = 10_000
-HOUR_S = 3600
-_PROBE_GROUP = "clock-probe"
 
 
-class SteppedClock:
-    """The wall clock of the processes started with ``env()``: real time plus an offset that
-    ``step`` changes while they run."""
-
-    def __init__(self, path: Path) -> None:
-        libraries = glob.glob("/usr/lib/*/faketime/libfaketime.so.1")
-        if not libraries:
-            pytest.fail("libfaketime is not installed: run `make faketime` (make test does)")
-        self.library, self.path, self.offset_s = libraries[0], path, 0
-        path.write_text("+0\n")
-
-    def env(self) -> dict[str, str]:
-        return {"LD_PRELOAD": self.library, "FAKETIME_TIMESTAMP_FILE": str(self.path),
-                "FAKETIME_DONT_FAKE_MONOTONIC": "1", "FAKETIME_CACHE_DURATION": "1"}
-
-    def step(self, conn: BrokerConnection, seconds: int) -> None:
-        """Step the broker's wall clock by ``seconds``, and wait until it reads the new time."""
-        self.offset_s += seconds
-        self.path.write_text(f"{self.offset_s:+d}\n")
-        target_ms = self.offset_s * 1000
-        assert wait_until(lambda: abs(_broker_wall_ms(conn) - time.time() * 1000 - target_ms) < 5_000, 30)
-
-
-def _broker_wall_ms(conn: BrokerConnection) -> int:
-    """The broker's wall clock, from a lock of a group of its own: its lease ends at the broker's
-    wall time plus what it has left."""
-    (lock,) = _lock(conn, "probe", group=_PROBE_GROUP)
-    return lock.expires_at_ms - lock.expires_in_ms
-
-
-def _lock(conn: BrokerConnection, client_id: str, group: str = "g") -> list[pb.QueueLock]:
-    request = pb.LockBatchRequest(group=group, client_id=client_id, topic=TOPIC, queue_ids=[0])
-    return list(conn.call("LockBatch", request).locked)
+def _lock(conn: BrokerConnection, client_id: str) -> list[pb.QueueLock]:
+    return lock_queue(conn, TOPIC, client_id)
 
 
 def _members(conn: BrokerConnection) -> list[str]:
@@ -72,7 +32,7 @@ def _members(conn: BrokerConnection) -> list[str]:
 @pytest.fixture
 def stepped(tmp_path):
     """A broker whose wall clock the test steps, with a topic, and a connection to it."""
-    clock = SteppedClock(tmp_path / "clock-offset")
+    clock = SteppedClock(tmp_path / "clock-offset", TOPIC)
     broker: BrokerProcess = broker_process(tmp_path / "data", env=clock.env(), lock_lease_ms=LEASE_MS,
                                            consumer_timeout_ms=CONSUMER_TIMEOUT_MS).start()
     try:
