@@ -163,8 +163,13 @@ def main(argv: list[str] | None = None) -> int:
     # By default SIGHUP ends a process at once: a closed terminal or a service manager's "reload"
     # would have stopped the broker without draining its calls.
     signal.signal(signal.SIGHUP, nothing_to_reload)
-    stopped.wait()
+    lost_writes = running.service.store.lost_writes
+    while not stopped.wait(0.5) and not lost_writes.happened.is_set():
+        pass
     running.stop(grace=2.0)
+    if lost_writes.happened.is_set():
+        logging.getLogger("broker").critical("stopped: %s", lost_writes.reason)
+        return 1
     return 0
 
 

@@ -6,8 +6,9 @@ backup: an atomically replaced file is never torn, so a corrupt one means outsid
 silently starting from an older copy could move committed offsets or fencing epochs backwards.
 It raises an ``InternalBrokerError`` naming the file instead, and the operator decides.
 
-``disk_full_as_error`` turns a write that failed for want of space (ENOSPC, EDQUOT) into a
-``DiskFullError`` that names the data directory and what to do, the one translation of it.
+``write_failure_as_error`` turns a write that failed for want of space (ENOSPC, EDQUOT) into a
+``DiskFullError``, and one the disk refused (EIO, EROFS) into a ``BrokerUnavailableError``, each
+naming the data directory and what to do: the one translation of them.
 """
 
 from __future__ import annotations
@@ -23,10 +24,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from broker.wire.errors import DiskFullError, InternalBrokerError
+from broker.wire.errors import BrokerUnavailableError, DiskFullError, InternalBrokerError
 
 __all__ = [
-    "disk_full_as_error",
+    "write_failure_as_error",
     "disk_full_error",
     "fsync_dir",
     "is_disk_full",
@@ -38,6 +39,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
+_REFUSED = frozenset({errno.EIO, errno.EROFS})  # a failing disk, or one the kernel remounted read-only
 _WARN_EVERY_S = 10.0  # a full disk refuses every write: one log line per data dir this often is enough
 _last_warned: dict[str, float] = {}
 
@@ -64,15 +66,22 @@ def disk_full_error(data_dir: Path | str, what: str, cause: str = "No space left
 
 
 @contextlib.contextmanager
-def disk_full_as_error(data_dir: Path | str, what: str) -> Iterator[None]:
-    """Raise ``disk_full_error(data_dir, what)`` for an ENOSPC or EDQUOT ``OSError`` in the block;
-    other errors pass unchanged. The block must leave nothing half-done when it raises."""
+def write_failure_as_error(data_dir: Path | str, what: str) -> Iterator[None]:
+    """Raise ``disk_full_error(data_dir, what)`` for an ENOSPC or EDQUOT ``OSError`` in the block,
+    and a ``BrokerUnavailableError`` (clients send again) for an EIO or EROFS one; other errors pass
+    unchanged. The block must leave nothing half-done when it raises."""
     try:
         yield
     except OSError as exc:
-        if not is_disk_full(exc):
+        if is_disk_full(exc):
+            raise disk_full_error(data_dir, what, os.strerror(exc.errno)) from exc
+        if exc.errno not in _REFUSED:
             raise
-        raise disk_full_error(data_dir, what, os.strerror(exc.errno)) from exc
+        log.error("data dir %s: could not %s: %s", data_dir, what, os.strerror(exc.errno))
+        raise BrokerUnavailableError(
+            f"could not {what}: the disk of the broker's data dir {data_dir} refused the write "
+            f"({os.strerror(exc.errno)}); nothing of it was stored. Check that disk; sending again is safe"
+        ) from exc
 
 
 def fsync_dir(directory: Path) -> None:

@@ -48,7 +48,7 @@ from typing import Any, BinaryIO
 import crc32c
 
 from broker.clocks import steady_ms, wall_ms
-from broker.persist import disk_full_as_error, fsync_dir, read_json, write_json_atomic
+from broker.persist import fsync_dir, read_json, write_failure_as_error, write_json_atomic
 from broker.proto import orderlymq_pb2 as pb
 from broker.wire.errors import (
     InternalBrokerError,
@@ -227,7 +227,7 @@ class TransactionManager:
                     f"transaction {txn_id!r} has {count} staged send(s), but this send is number {sequence} (from 0): "
                     "the sends in between are missing (lost in a failover); stage everything again in a new transaction"
                 )
-            with disk_full_as_error(self._dir.parent, f"stage a send in transaction {txn_id!r}"):
+            with write_failure_as_error(self._dir.parent, f"stage a send in transaction {txn_id!r}"):
                 self._append_frame(self._staged_path(txn_id), parts)
             with self._mutex:
                 self._staged_counts[txn_id] = count + 1
@@ -539,7 +539,7 @@ class TransactionManager:
             _frame(json.dumps({"id": tid, "rec": rec}, separators=(",", ":")).encode()) for tid, rec in changes
         )
         try:
-            with disk_full_as_error(self._dir.parent, "record a transaction state change"):
+            with write_failure_as_error(self._dir.parent, "record a transaction state change"):
                 # Unbuffered: a failed write leaves no bytes behind in a buffer to be written later.
                 if self._journal.write(data) != len(data):
                     raise OSError(errno.ENOSPC, f"short write to {self._journal_path}")

@@ -6,7 +6,8 @@ under the same (producer, sequence) returns the original result instead of stori
 that state is rebuilt from record headers on recovery, so it survives a crash.
 
 An append that fails (a full disk: ``DiskFullError``) stores nothing: the record is counted only
-once fully written, so no reader sees part of it and the next append takes the same offsets.
+once fully written, so no reader sees part of it and the next append takes the same offsets. A
+failed flush is never retried (``broker.storage.lost_writes``).
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from broker.persist import disk_full_as_error, fsync_dir
+from broker.persist import fsync_dir, write_failure_as_error
 from broker.storage import compaction
 from broker.storage.arrivals import Arrivals
+from broker.storage.lost_writes import LostWrites
 from broker.storage.record import (
     HEADER,
     Body,
@@ -80,8 +82,10 @@ class QueueLog:
         sync: bool,
         clock: Callable[[], int] = codec.now_ms,
         data_dir: Path | None = None,
+        lost_writes: LostWrites | None = None,
     ) -> None:
         self.directory = directory
+        self.lost_writes = lost_writes or LostWrites()  # shared by the queues of a store
         self.data_dir = data_dir if data_dir is not None else directory
         self.segment_bytes = segment_bytes
         self.index_interval_bytes = index_interval_bytes
@@ -204,6 +208,7 @@ class QueueLog:
         with self._lock:
             if self._closed:
                 raise self._deleted()
+            self.lost_writes.check()
             if admit is not None:
                 admit()
             if phash:
@@ -217,7 +222,7 @@ class QueueLog:
             store_ts = max(self.clock(), active.last_store_ts)
             head = header_for(body, base, count, store_ts, phash, sequence)
             header = parse_header(head)
-            with disk_full_as_error(self.data_dir, f"store {count} message(s) in queue {self._name}"):
+            with write_failure_as_error(self.data_dir, f"store {count} message(s) in queue {self._name}"):
                 if active.size and active.size + header.size > self.segment_bytes:
                     active = self._roll()
                 active.append((head, *body_parts(body)), header, sync=self.sync)
@@ -272,6 +277,7 @@ class QueueLog:
         with self._lock:
             if self._closed:
                 raise self._deleted()
+            self.lost_writes.check()
             at = 0
             while at < len(view):
                 header = parse_header(bytes(view[at:at + HEADER.size]))
@@ -281,7 +287,7 @@ class QueueLog:
                         f"log at offset {self.max_offset}", self.max_offset)
                 framed = bytes(view[at:at + header.size])
                 active = self.segments[-1]
-                with disk_full_as_error(self.data_dir, f"replicate {header.count} message(s) into queue {self._name}"):
+                with write_failure_as_error(self.data_dir, f"replicate {header.count} message(s) into queue {self._name}"):
                     if active.size and active.size + len(framed) > self.segment_bytes:
                         active = self._roll()
                     active.append((framed,), header, sync=self.sync)
@@ -339,20 +345,52 @@ class QueueLog:
     def _roll(self) -> Segment:
         """Close the active segment and start the next; on failure nothing changed."""
         closed = self.segments[-1]
-        closed.sync()
+        try:
+            closed.sync()
+        except OSError as exc:
+            if not self.sync:  # it held sends acknowledged before any fsync
+                self._lose_unsynced(closed, exc)
+            raise
         closed.write_index()
         seg = Segment(self.directory / Segment.file_name(closed.next_offset), closed.next_offset, self.index_interval_bytes)
         self.segments.append(seg)
         return seg
 
     def flush(self) -> None:
-        if self.dirty:
-            self.dirty = False
+        """fsync what was appended since the last flush; a failure is recorded in ``lost_writes``
+        and raised, never retried."""
+        if not self.dirty:
+            return
+        self.dirty = False
+        active = self.segments[-1]
+        try:
+            active.sync()
+        except OSError as exc:
+            with self._lock:
+                self._lose_unsynced(active, exc)
+            raise
+
+    def secure(self) -> None:
+        """Once another queue lost writes: fsync what this one appended, or cut it back where
+        that fails too."""
+        with self._lock:
+            if self._closed or not self.dirty:
+                return
+            active = self.segments[-1]
             try:
-                self.segments[-1].sync()
-            except OSError:
-                self.dirty = True  # try again at the next flush
-                raise
+                active.sync()
+            except OSError as exc:
+                self._lose_unsynced(active, exc)
+
+    def _lose_unsynced(self, segment: Segment, exc: OSError) -> None:
+        """A failed fsync of ``segment`` (the queue's lock held): see ``broker.storage.lost_writes``."""
+        self.lost_writes.record(str(segment.path), exc)
+        lost_from = segment.next_offset
+        segment.drop_unsynced()
+        self.dirty = False
+        if segment.next_offset < lost_from:
+            log.critical("queue %s: offsets %d..%d were acknowledged but not fsynced, and are dropped", self._name,
+                         segment.next_offset, lost_from - 1)
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -472,6 +510,8 @@ class QueueLog:
         segment and the active one. The active one is never merged, but with ``idle_ms`` one of
         small records that nothing was appended to for that long is closed first, so that the
         last records of a backlog are merged too."""
+        if self.lost_writes.reason is not None:
+            return 0  # nothing more is written to a disk that lost writes
         if idle_ms:
             self._close_idle(idle_ms)
         rewritten = 0
@@ -564,7 +604,8 @@ class QueueLog:
             if self._closed:
                 return
             self._closed = True
-            self.segments[-1].sync()
+            if self.lost_writes.reason is None:  # else secured already, or cut back
+                self.segments[-1].sync()
             for seg in self.segments + self._retired:
                 seg.close()
 

@@ -65,6 +65,7 @@ class Segment:
         self._index = array("q")  # flat (offset, position, store_ts) triples
         self._bytes_since_index = index_interval_bytes  # index the first record
         self._fd: int | None = None
+        self.synced_size = 0  # bytes the last successful fsync made durable (recover: all of the file)
         self._closed = False
         self._new_file = False  # created by this process and not yet fsynced into its directory
         self._open_lock = threading.Lock()
@@ -121,6 +122,8 @@ class Segment:
                 os.ftruncate(fd, position)
             raise
         self._track(header, position)
+        if sync:
+            self.synced_size = self.size
 
     def _track(self, header: RecordHeader, position: int) -> None:
         if self._bytes_since_index >= self.index_interval_bytes:
@@ -135,11 +138,22 @@ class Segment:
 
     def sync(self) -> None:
         """Make what was written durable, and a file this process created findable after a crash."""
+        size = self.size  # read first: an append racing this fsync is not counted as durable
         if self._fd is not None:
             os.fsync(self._fd)
             if self._new_file:
                 fsync_dir(self.path.parent)
                 self._new_file = False
+        self.synced_size = size
+
+    def drop_unsynced(self) -> None:
+        """After a failed fsync (``broker.storage.lost_writes``): cut the file back to what the last
+        successful one made durable, since reads would go on seeing what it lost."""
+        os.ftruncate(self.fd, self.synced_size)
+        with contextlib.suppress(OSError):  # the disk may refuse this too: the restart's recovery cuts then
+            os.fsync(self.fd)
+        self.index_path.unlink(missing_ok=True)
+        self.recover(verify_crc=False)
 
     def close(self) -> None:
         with self._open_lock:
@@ -212,6 +226,7 @@ class Segment:
                     break
             self._track(header, position)
             position += header.size
+        self.synced_size = position  # what a previous run wrote counts as durable
         if position >= file_size:
             return None
         os.ftruncate(self.fd, position)

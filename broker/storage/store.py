@@ -24,7 +24,8 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from broker.persist import disk_full_as_error, fsync_dir, make_durable_dir, read_json, write_json_atomic
+from broker.persist import fsync_dir, make_durable_dir, read_json, write_failure_as_error, write_json_atomic
+from broker.storage.lost_writes import LostWrites
 from broker.storage.queue_log import QueueLog
 from broker.storage.segment import CutReport
 from broker.wire import codec
@@ -70,6 +71,8 @@ class Store:
         self._topics: dict[str, int] = {name: int(n) for name, n in read_json(self._meta_path, {}).items()}
         self._queues: dict[tuple[str, int], QueueLog] = {}
         self._holding_back = False  # see hold_back
+        self.lost_writes = LostWrites()  # a failed flush: nothing more is stored
+        self._secured = False  # every queue fsynced or cut back after lost writes
         for trash in self.data_dir.glob(".deleted-*"):  # deletes a crash interrupted, already committed
             shutil.rmtree(trash, ignore_errors=True)
         for name, count in self._topics.items():
@@ -89,6 +92,7 @@ class Store:
             sync=self.sync,
             clock=self.clock,
             data_dir=self.data_dir,
+            lost_writes=self.lost_writes,
         )
         if self._holding_back:
             queue.hold_back()
@@ -106,7 +110,7 @@ class Store:
         """Make ``topics`` the durable topic table, then the one in memory with ``new_queues``
         opened; on failure close those queues, and raise (``DiskFullError`` for a full disk)."""
         try:
-            with disk_full_as_error(self.data_dir, what):
+            with write_failure_as_error(self.data_dir, what):
                 for topic in {topic for topic, _ in new_queues}:  # queue directories exist before the commit
                     fsync_dir(self._topic_dir(topic))
                     fsync_dir(self.data_dir / "topics")
@@ -122,7 +126,7 @@ class Store:
         """Open queue logs for ``queue_ids`` (no file is created before the first append)."""
         opened: dict[tuple[str, int], QueueLog] = {}
         try:
-            with disk_full_as_error(self.data_dir, what):
+            with write_failure_as_error(self.data_dir, what):
                 for qid in queue_ids:
                     opened[(topic, qid)] = self._open_queue(topic, qid)
         except BaseException:
@@ -226,8 +230,22 @@ class Store:
     # -- background work -----------------------------------------------------------------------
 
     def flush(self) -> None:
+        """fsync what every queue appended since the last flush. Once writes were lost (a flush or
+        a segment's close failed), never again: every queue is fsynced one last time or cut back,
+        and the failure is not raised again."""
+        if self._secured:
+            return
+        if self.lost_writes.reason is None:
+            try:
+                for q in list(self._queues.values()):
+                    q.flush()
+            except OSError:
+                pass  # the queue recorded it in lost_writes
+            else:
+                return
         for q in list(self._queues.values()):
-            q.flush()
+            q.secure()
+        self._secured = True
 
     def apply_retention(self, retention_ms: int, retention_bytes: int) -> int:
         return sum(q.apply_retention(retention_ms, retention_bytes) for q in list(self._queues.values()))

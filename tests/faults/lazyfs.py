@@ -27,6 +27,10 @@ Control socket (one command per connection, one reply line):
 
 - ``ping`` -> ``ok``;
 - ``stats`` -> JSON counters (fsyncs, writes, dirty pages and directories now);
+- ``fail-fsync N`` -> ``ok``: the next N fsyncs of files fail with EIO, as a disk's write error
+  fails Linux's writeback: the file's dirty pages are marked clean without reaching the disk, so
+  reads still see them but no later fsync writes them (an fsync after a failed one succeeds), and
+  a cut loses them, leaving a hole if the file grew past them and was fsynced since;
 - ``cut [PID ...]`` -> JSON of what is dropped: the power is cut between two operations. The
   processes PID are killed with SIGKILL in that same instant (so none can answer a client after
   the cut), every volatile change is forgotten and every later operation fails at once with EIO
@@ -67,15 +71,16 @@ class FileNode:
         self.size = os.fstat(self.fd).st_size
         self.floor = self.size  # bytes at or past the floor read as zeros (a pending truncation)
         self.pages: dict[int, bytearray] = {}
+        self.lost: dict[int, bytearray] = {}  # pages a failed fsync marked clean: read, never written
         self.nlink = 0
         self.opens = 0
         self.mtime = time.time_ns()
 
     def page(self, index: int) -> bytes:
         """The live content of page ``index`` (PAGE bytes, zero-filled)."""
-        dirty = self.pages.get(index)
-        if dirty is not None:
-            return bytes(dirty)
+        live = self.pages.get(index, self.lost.get(index))
+        if live is not None:
+            return bytes(live)
         start = index * PAGE
         durable = os.pread(self.fd, max(0, min(PAGE, self.floor - start)), start) if start < self.floor else b""
         return durable + bytes(PAGE - len(durable))
@@ -97,6 +102,7 @@ class FileNode:
             page = self.pages.get(index)
             if page is None:
                 page = self.pages[index] = bytearray(self.page(index))
+                self.lost.pop(index, None)  # dirty again: the next fsync writes it whole
             take = min(PAGE - within, offset + len(data) - at)
             page[within:within + take] = data[at - offset:at - offset + take]
             at += take
@@ -108,7 +114,11 @@ class FileNode:
         if length < self.size:
             for index in [i for i in self.pages if i * PAGE >= length]:
                 del self.pages[index]
+            for index in [i for i in self.lost if i * PAGE >= length]:
+                del self.lost[index]
             index, within = divmod(length, PAGE)
+            if index in self.lost:  # the page's tail is zeroed, which dirties it
+                self.pages[index] = self.lost.pop(index)
             if index in self.pages:
                 self.pages[index][within:] = bytes(PAGE - within)
             self.floor = min(self.floor, length)
@@ -130,6 +140,11 @@ class FileNode:
         os.ftruncate(self.fd, self.size)
         self.pages.clear()
         self.floor = self.size
+
+    def lose_dirty(self) -> None:
+        """A failed writeback: the dirty pages are clean now, and never reach the durable copy."""
+        self.lost.update(self.pages)
+        self.pages.clear()
 
     def forget(self) -> None:
         """The inode is gone from every live directory and closed: drop its durable copy."""
@@ -169,11 +184,12 @@ class LazyFS(mfusepy.Operations):
         self.inodes_dir = backing / "inodes"
         self._mutex = threading.Lock()
         self.cut_done = False
+        self.failing_fsyncs = 0
         self.next_ino = 1
         self.handles: dict[int, FileNode | DirNode] = {}
         self.next_fh = 1
         self.dirs_at: dict[Path, DirNode] = {}  # backing location -> directory
-        self.counters = dict(writes=0, fsyncs=0, dir_fsyncs=0, bytes_written=0, bytes_synced=0)
+        self.counters = dict(writes=0, fsyncs=0, failed_fsyncs=0, dir_fsyncs=0, bytes_written=0, bytes_synced=0)
         self.root = self._load()
 
     # -- the durable state, at mount ---------------------------------------------------------
@@ -415,6 +431,11 @@ class LazyFS(mfusepy.Operations):
     @_op
     def fsync(self, path, datasync, fh):
         node = self._file(path, fh)
+        if self.failing_fsyncs:
+            self.failing_fsyncs -= 1
+            self.counters["failed_fsyncs"] += 1
+            node.lose_dirty()
+            raise mfusepy.FuseOSError(errno.EIO)
         self.counters["fsyncs"] += 1
         self.counters["bytes_synced"] += len(node.pages) * PAGE
         node.sync()
@@ -516,6 +537,10 @@ class LazyFS(mfusepy.Operations):
         if line == "stats":
             with self._mutex:
                 return json.dumps(self.counters | self.volatile())
+        if line.split()[:1] == ["fail-fsync"]:
+            with self._mutex:
+                self.failing_fsyncs = int(line.split()[1])
+            return "ok"
         if line.split()[:1] == ["cut"]:
             with self._mutex:  # between two operations: none is half applied
                 for pid in line.split()[1:]:  # the writers die with the power, before any can answer

@@ -1,0 +1,146 @@
+"""A disk that fails an fsync (EIO), as a failing disk or a lost SAN path does.
+
+Linux marks the pages of a failed writeback clean: reads still see them, no later fsync writes
+them, and the next fsync of the file succeeds. The data dir sits on the lazy file system of the
+power-loss scenarios (``tests.faults.lazyfs``), told to fail the next fsync that way; a power cut
+then shows what reached the disk.
+
+- ``flush = "async"``: the broker stops at the failed flush (exit code 1) instead of calling the
+  next, successful one durable. What it had acknowledged since its last good flush is dropped;
+  everything before is kept, no hole is left for a later cut to turn into a loss, and the broker
+  restarted on what the disk kept takes sends again, each key in order.
+- ``flush = "sync"``: the send whose fsync failed is refused with an error naming the data dir,
+  and stores nothing; the broker goes on, and nothing acknowledged is lost.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from connector.client import Admin, Producer
+from connector.client.connection import BrokerConnection
+from connector.errors import BrokerUnavailableError
+from connector.history import check_keyed
+from tests.faults.lazymount import LazyMount, fuse_missing
+from tests.faults.power_loss import broker_on
+from tests.support import stored_keyed, wait_until
+
+TOPIC, QUEUES, KEYS = "ledger", 4, 8
+FLUSH_MS = 200
+PAGE = 4096
+
+
+@pytest.fixture
+def fs(tmp_path):
+    missing = fuse_missing()
+    if missing:  # CI installs FUSE (make test); a machine without it must not pass silently
+        pytest.fail(f"the failed-fsync scenarios need FUSE: {missing}")
+    mount = LazyMount(tmp_path / "lazy").mount()
+    yield mount
+    mount.unmount()
+
+
+def test_a_failed_fsync_loses_the_pages_it_was_to_write(fs):
+    """The harness: the failed fsync's page is still read, a later fsync succeeds, and after a
+    power cut the file has a hole where that page was."""
+    path = fs.mountpoint / "file"
+    with open(path, "wb") as f:
+        f.write(b"A" * PAGE)
+        f.flush()
+        os.fsync(f.fileno())
+    fs.fsync_dir(fs.mountpoint)
+    fs.fail_fsyncs(1)
+    with open(path, "r+b") as f:
+        f.seek(PAGE)
+        f.write(b"B" * PAGE)
+        f.flush()
+        with pytest.raises(OSError, match="Input/output error"):
+            os.fsync(f.fileno())
+        f.write(b"C" * PAGE)
+        f.flush()
+        os.fsync(f.fileno())
+    assert path.read_bytes() == b"A" * PAGE + b"B" * PAGE + b"C" * PAGE
+    fs.power_cut()
+    fs.mount()
+    assert path.read_bytes() == b"A" * PAGE + bytes(PAGE) + b"C" * PAGE
+
+
+def _send_rounds(producer: Producer, acked: dict[str, int], rounds: int) -> bool:
+    """``rounds`` more sends of every key (bodies ``key:seq``), one at a time; False at the first
+    that fails (it is not counted)."""
+    for _ in range(rounds):
+        for k in range(KEYS):
+            key = f"k{k}"
+            try:
+                producer.send(TOPIC, f"{key}:{acked.get(key, 0)}", key=key)
+            except Exception:  # noqa: BLE001 - the broker refused or stopped: what was acked is judged
+                return False
+            acked[key] = acked.get(key, 0) + 1
+    return True
+
+
+def test_async_flush_stops_at_a_failed_fsync_and_leaves_no_hole(fs, tmp_path, fault_report):
+    proc = broker_on(fs, tmp_path, flush="async", flush_interval_ms=FLUSH_MS)
+    acked: dict[str, int] = {}
+    try:
+        with Admin(proc.address) as admin:
+            admin.create_topic(TOPIC, QUEUES)
+        with Producer(proc.address, retry_timeout=5) as producer:
+            _send_rounds(producer, acked, 20)
+            before = dict(acked)
+            fsyncs = fs.stats()["fsyncs"]
+            assert wait_until(lambda: fs.stats()["fsyncs"] >= fsyncs + QUEUES, 30)  # a whole flush since the last ack
+            fs.fail_fsyncs(1)
+            # On until the broker refuses: it stops at its next flush.
+            assert wait_until(lambda: not _send_rounds(producer, acked, 1), 60), "the broker went on"
+        assert proc.proc.wait(timeout=30) == 1
+        assert "stopped: an fsync of" in proc.log_text()
+        fs.power_cut()
+        fs.mount()
+        proc.start()
+        with BrokerConnection(proc.address) as conn:
+            stored = stored_keyed(conn, TOPIC, QUEUES)
+            survivors = {key: sum(1 for k, _ in stored if k == key) for key in acked}
+            with Producer(proc.address) as producer:
+                for key, n in survivors.items():  # the restarted broker continues each key after what it kept
+                    producer.send(TOPIC, f"{key}:{n}", key=key)
+            resumed = check_keyed({key: n + 1 for key, n in survivors.items()}, stored_keyed(conn, TOPIC, QUEUES))
+    finally:
+        proc.kill9()
+    verdict = check_keyed(acked, stored)
+    kept_before = check_keyed(before, [(key, seq) for key, seq in stored if seq < before[key]])
+    acked_after = sum(acked.values()) - sum(before.values())
+    fault_report("a failed fsync, async flush", {"log": verdict}, acked_before_failure=sum(before.values()),
+                 acked_after_failure=acked_after)
+    assert kept_before.ok, f"sends flushed before the failed fsync were lost: {kept_before}"
+    assert (verdict.duplicated, verdict.out_of_order, verdict.unexpected) == (0, 0, 0), str(verdict)
+    assert verdict.lost <= acked_after, str(verdict)
+    assert resumed.ok and resumed.duplicated == 0, str(resumed)
+
+
+def test_sync_flush_refuses_the_send_whose_fsync_failed_and_goes_on(fs, tmp_path, fault_report):
+    proc = broker_on(fs, tmp_path, flush="sync")
+    acked: dict[str, int] = {}
+    try:
+        with Admin(proc.address) as admin:
+            admin.create_topic(TOPIC, QUEUES)
+        with Producer(proc.address, retry_timeout=5) as producer:
+            _send_rounds(producer, acked, 10)
+            fs.fail_fsyncs(1)
+            refused = r"data dir .* refused the write \(Input/output error\); nothing of it was stored"
+            with pytest.raises(BrokerUnavailableError, match=refused):
+                producer.send(TOPIC, f"k0:{acked['k0']}", key="k0")
+            assert _send_rounds(producer, acked, 10)  # sending again is safe
+        assert proc.proc.poll() is None
+        fs.power_cut(proc.pid)
+        proc.proc.wait()
+        fs.mount()
+        proc.start()
+        with BrokerConnection(proc.address) as conn:
+            verdict = check_keyed(acked, stored_keyed(conn, TOPIC, QUEUES))
+    finally:
+        proc.kill9()
+    fault_report("a failed fsync, sync flush", {"log": verdict})
+    assert verdict.ok and verdict.duplicated == 0, str(verdict)
