@@ -82,6 +82,17 @@ def send_rows(conn: BrokerConnection, topic: str, queue_id: int, rows: list[dict
     return conn.call("Send", pb.SendRequest(topic=topic, queue_id=queue_id, batch=batch, **fields))
 
 
+def send_keyed_rounds(send: Callable[[str, str], object], sent: dict[str, int], rounds: int, keys: int) -> None:
+    """``rounds`` more messages of each of the keys ``k0`` .. ``k<keys - 1>``, bodies ``"<key>:<seq>"``
+    (what ``stored_keyed`` reads): ``send(key, body)`` each, counted in ``sent`` once it returned."""
+    for _ in range(rounds):
+        for k in range(keys):
+            key = f"k{k}"
+            seq = sent.get(key, 0)
+            send(key, f"{key}:{seq}")
+            sent[key] = seq + 1
+
+
 def stored_keyed(conn: BrokerConnection, topic: str, queues: int) -> list[tuple[str, int]]:
     """``(key, seq)`` of every message of ``topic`` whose body is ``"<key>:<seq>"``, queue by queue
     in queue order (what ``connector.history.check_keyed`` judges)."""

@@ -13,6 +13,7 @@ failed flush is never retried (``broker.storage.lost_writes``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import os
@@ -373,14 +374,8 @@ class QueueLog:
     def secure(self) -> None:
         """Once another queue lost writes: fsync what this one appended, or cut it back where
         that fails too."""
-        with self._lock:
-            if self._closed or not self.dirty:
-                return
-            active = self.segments[-1]
-            try:
-                active.sync()
-            except OSError as exc:
-                self._lose_unsynced(active, exc)
+        with contextlib.suppress(OSError):  # cut back, and recorded in lost_writes
+            self.flush()
 
     def _lose_unsynced(self, segment: Segment, exc: OSError) -> None:
         """A failed fsync of ``segment`` (the queue's lock held): see ``broker.storage.lost_writes``."""

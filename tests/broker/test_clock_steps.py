@@ -15,7 +15,7 @@ from connector.history import check_keyed
 from tests.client.helpers import FAST, OrderLog, send_keyed
 from tests.faults.brokers import broker_process
 from tests.faults.stepped_clock import HOUR_S, SteppedClock, lock_queue
-from tests.support import stored_keyed, wait_until
+from tests.support import send_keyed_rounds, stored_keyed, wait_until
 
 TOPIC, QUEUES, KEYS = "stepped", 4, 8
 LEASE_MS = CONSUMER_TIMEOUT_MS = 10_000
@@ -119,10 +119,4 @@ def test_transactions_count_idle_time_on_the_steady_clock(stepped):
 
 
 def _stage(txn: Transaction, expected: dict[str, int], per_key: int) -> None:
-    """Stage ``per_key`` more messages of every key, bodies ``key:seq``."""
-    for _ in range(per_key):
-        for k in range(KEYS):
-            key = f"k{k}"
-            seq = expected.get(key, 0)
-            txn.send(TOPIC, f"{key}:{seq}", key=key)
-            expected[key] = seq + 1
+    send_keyed_rounds(lambda key, body: txn.send(TOPIC, body, key=key), expected, per_key, KEYS)

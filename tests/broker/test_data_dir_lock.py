@@ -13,7 +13,7 @@ from broker.server import start_broker
 from connector.client import Admin, Producer
 from connector.client.connection import BrokerConnection
 from connector.history import check_keyed
-from tests.support import stored_keyed
+from tests.support import send_keyed_rounds, stored_keyed
 
 TOPIC, QUEUES, KEYS = "guarded", 4, 8
 
@@ -21,12 +21,7 @@ TOPIC, QUEUES, KEYS = "guarded", 4, 8
 def _send(address: str, expected: dict[str, int], per_key: int) -> None:
     """``per_key`` more messages of every key, bodies ``key:seq``."""
     with Producer(address) as producer:
-        for _ in range(per_key):
-            for k in range(KEYS):
-                key = f"k{k}"
-                seq = expected.get(key, 0)
-                producer.send_async(TOPIC, f"{key}:{seq}", key=key)
-                expected[key] = seq + 1
+        send_keyed_rounds(lambda key, body: producer.send_async(TOPIC, body, key=key), expected, per_key, KEYS)
         producer.flush()
 
 

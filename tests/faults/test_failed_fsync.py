@@ -25,7 +25,7 @@ from connector.errors import BrokerUnavailableError
 from connector.history import check_keyed
 from tests.faults.lazymount import LazyMount, fuse_missing
 from tests.faults.power_loss import broker_on
-from tests.support import stored_keyed, wait_until
+from tests.support import send_keyed_rounds, stored_keyed, wait_until
 
 TOPIC, QUEUES, KEYS = "ledger", 4, 8
 FLUSH_MS = 200
@@ -68,16 +68,12 @@ def test_a_failed_fsync_loses_the_pages_it_was_to_write(fs):
 
 
 def _send_rounds(producer: Producer, acked: dict[str, int], rounds: int) -> bool:
-    """``rounds`` more sends of every key (bodies ``key:seq``), one at a time; False at the first
-    that fails (it is not counted)."""
-    for _ in range(rounds):
-        for k in range(KEYS):
-            key = f"k{k}"
-            try:
-                producer.send(TOPIC, f"{key}:{acked.get(key, 0)}", key=key)
-            except Exception:  # noqa: BLE001 - the broker refused or stopped: what was acked is judged
-                return False
-            acked[key] = acked.get(key, 0) + 1
+    """``rounds`` more sends of every key, one at a time; False at the first that fails (it is not
+    counted in ``acked``)."""
+    try:
+        send_keyed_rounds(lambda key, body: producer.send(TOPIC, body, key=key), acked, rounds, KEYS)
+    except Exception:  # noqa: BLE001 - the broker refused or stopped: what was acked is judged
+        return False
     return True
 
 
