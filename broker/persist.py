@@ -39,6 +39,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
+_NO_DIRECTORY_FSYNC = frozenset({errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP})  # the platform cannot
 _REFUSED = frozenset({errno.EIO, errno.EROFS})  # a failing disk, or one the kernel remounted read-only
 _WARN_EVERY_S = 10.0  # a full disk refuses every write: one log line per data dir this often is enough
 _last_warned: dict[str, float] = {}
@@ -87,8 +88,9 @@ def write_failure_as_error(data_dir: Path | str, what: str) -> Iterator[None]:
 def fsync_dir(directory: Path) -> None:
     """Make a rename or file creation inside ``directory`` durable.
 
-    Some platforms cannot open a directory for fsync; there the rename is as durable as the
-    platform allows and nothing more can be done.
+    Some platforms cannot open or fsync a directory; there the rename is as durable as the
+    platform allows and nothing more can be done. A disk's failure (EIO) is raised: the entry may
+    be gone after a power cut, so what depends on it must not be acknowledged.
     """
     try:
         fd = os.open(directory, os.O_RDONLY)
@@ -96,8 +98,9 @@ def fsync_dir(directory: Path) -> None:
         return
     try:
         os.fsync(fd)
-    except OSError:
-        pass
+    except OSError as exc:
+        if exc.errno not in _NO_DIRECTORY_FSYNC:
+            raise
     finally:
         os.close(fd)
 

@@ -31,6 +31,8 @@ Control socket (one command per connection, one reply line):
   fails Linux's writeback: the file's dirty pages are marked clean without reaching the disk, so
   reads still see them but no later fsync writes them (an fsync after a failed one succeeds), and
   a cut loses them, leaving a hole if the file grew past them and was fsynced since;
+- ``fail-dir-fsync N`` -> ``ok``: the next N fsyncs of directories fail with EIO, making none of
+  their entries durable;
 - ``cut [PID ...]`` -> JSON of what is dropped: the power is cut between two operations. The
   processes PID are killed with SIGKILL in that same instant (so none can answer a client after
   the cut), every volatile change is forgotten and every later operation fails at once with EIO
@@ -184,12 +186,13 @@ class LazyFS(mfusepy.Operations):
         self.inodes_dir = backing / "inodes"
         self._mutex = threading.Lock()
         self.cut_done = False
-        self.failing_fsyncs = 0
+        self.failing_fsyncs = self.failing_dir_fsyncs = 0
         self.next_ino = 1
         self.handles: dict[int, FileNode | DirNode] = {}
         self.next_fh = 1
         self.dirs_at: dict[Path, DirNode] = {}  # backing location -> directory
-        self.counters = dict(writes=0, fsyncs=0, failed_fsyncs=0, dir_fsyncs=0, bytes_written=0, bytes_synced=0)
+        self.counters = dict(writes=0, fsyncs=0, failed_fsyncs=0, dir_fsyncs=0, failed_dir_fsyncs=0, bytes_written=0,
+                             bytes_synced=0)
         self.root = self._load()
 
     # -- the durable state, at mount ---------------------------------------------------------
@@ -353,6 +356,10 @@ class LazyFS(mfusepy.Operations):
     @_op
     def fsyncdir(self, path, datasync, fh):
         node = self.handles.get(fh) or self._lookup(path)
+        if self.failing_dir_fsyncs:
+            self.failing_dir_fsyncs -= 1
+            self.counters["failed_dir_fsyncs"] += 1
+            raise mfusepy.FuseOSError(errno.EIO)
         self._sync_dir(node)
         self.counters["dir_fsyncs"] += 1
         return 0
@@ -540,6 +547,10 @@ class LazyFS(mfusepy.Operations):
         if line.split()[:1] == ["fail-fsync"]:
             with self._mutex:
                 self.failing_fsyncs = int(line.split()[1])
+            return "ok"
+        if line.split()[:1] == ["fail-dir-fsync"]:
+            with self._mutex:
+                self.failing_dir_fsyncs = int(line.split()[1])
             return "ok"
         if line.split()[:1] == ["cut"]:
             with self._mutex:  # between two operations: none is half applied

@@ -79,9 +79,10 @@ class LazyMount:
     def stats(self) -> dict:
         return json.loads(self.command("stats"))
 
-    def fail_fsyncs(self, count: int) -> None:
-        """The next ``count`` fsyncs of files fail with EIO, losing what they were to write."""
-        assert self.command(f"fail-fsync {count}") == "ok"
+    def fail_fsyncs(self, count: int, *, directories: bool = False) -> None:
+        """The next ``count`` fsyncs of files fail with EIO, losing what they were to write (of
+        directories, with ``directories``: failing to make their entries durable)."""
+        assert self.command(f"fail-{'dir-' if directories else ''}fsync {count}") == "ok"
 
     def power_cut(self, *pids: int) -> dict:
         """Cut the power: the processes ``pids`` are killed with SIGKILL in the same instant,

@@ -10,12 +10,14 @@ then shows what reached the disk.
   everything before is kept, no hole is left for a later cut to turn into a loss, and the broker
   restarted on what the disk kept takes sends again, each key in order.
 - ``flush = "sync"``: the send whose fsync failed is refused with an error naming the data dir,
-  and stores nothing; the broker goes on, and nothing acknowledged is lost.
+  and stores nothing; the broker goes on, and nothing acknowledged is lost. So is a send into a new
+  segment whose directory entry an fsync failed to make durable.
 """
 
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
@@ -30,6 +32,8 @@ from tests.support import send_keyed_rounds, stored_keyed, wait_until
 TOPIC, QUEUES, KEYS = "ledger", 4, 8
 FLUSH_MS = 200
 PAGE = 4096
+SEGMENT_BYTES = 8192  # a new segment every ten sends or so
+REFUSED = r"data dir .* refused the write \(Input/output error\); nothing of it was stored"
 
 
 @pytest.fixture
@@ -67,14 +71,14 @@ def test_a_failed_fsync_loses_the_pages_it_was_to_write(fs):
     assert path.read_bytes() == b"A" * PAGE + bytes(PAGE) + b"C" * PAGE
 
 
-def _send_rounds(producer: Producer, acked: dict[str, int], rounds: int) -> bool:
-    """``rounds`` more sends of every key, one at a time; False at the first that fails (it is not
-    counted in ``acked``)."""
+def _send_rounds(producer: Producer, acked: dict[str, int], rounds: int) -> Exception | None:
+    """``rounds`` more sends of every key, one at a time; the error of the first that fails (it is
+    not counted in ``acked``)."""
     try:
         send_keyed_rounds(lambda key, body: producer.send(TOPIC, body, key=key), acked, rounds, KEYS)
-    except Exception:  # noqa: BLE001 - the broker refused or stopped: what was acked is judged
-        return False
-    return True
+    except Exception as exc:  # noqa: BLE001 - the broker refused or stopped: what was acked is judged
+        return exc
+    return None
 
 
 def test_async_flush_stops_at_a_failed_fsync_and_leaves_no_hole(fs, tmp_path, fault_report):
@@ -90,7 +94,7 @@ def test_async_flush_stops_at_a_failed_fsync_and_leaves_no_hole(fs, tmp_path, fa
             assert wait_until(lambda: fs.stats()["fsyncs"] >= fsyncs + QUEUES, 30)  # a whole flush since the last ack
             fs.fail_fsyncs(1)
             # On until the broker refuses: it stops at its next flush.
-            assert wait_until(lambda: not _send_rounds(producer, acked, 1), 60), "the broker went on"
+            assert wait_until(lambda: _send_rounds(producer, acked, 1), 60), "the broker went on"
         assert proc.proc.wait(timeout=30) == 1
         assert "stopped: an fsync of" in proc.log_text()
         fs.power_cut()
@@ -125,10 +129,9 @@ def test_sync_flush_refuses_the_send_whose_fsync_failed_and_goes_on(fs, tmp_path
         with Producer(proc.address, retry_timeout=5) as producer:
             _send_rounds(producer, acked, 10)
             fs.fail_fsyncs(1)
-            refused = r"data dir .* refused the write \(Input/output error\); nothing of it was stored"
-            with pytest.raises(BrokerUnavailableError, match=refused):
+            with pytest.raises(BrokerUnavailableError, match=REFUSED):
                 producer.send(TOPIC, f"k0:{acked['k0']}", key="k0")
-            assert _send_rounds(producer, acked, 10)  # sending again is safe
+            assert _send_rounds(producer, acked, 10) is None  # sending again is safe
         assert proc.proc.poll() is None
         fs.power_cut(proc.pid)
         proc.proc.wait()
@@ -139,4 +142,30 @@ def test_sync_flush_refuses_the_send_whose_fsync_failed_and_goes_on(fs, tmp_path
     finally:
         proc.kill9()
     fault_report("a failed fsync, sync flush", {"log": verdict})
+    assert verdict.ok and verdict.duplicated == 0, str(verdict)
+
+
+def test_sync_flush_refuses_a_send_into_a_segment_whose_directory_fsync_failed(fs, tmp_path, fault_report):
+    """A new segment is findable after a power cut only once its directory is fsynced: the send
+    that failed to is refused, the next one makes it durable, and a cut right after loses nothing."""
+    proc = broker_on(fs, tmp_path, flush="sync", segment_bytes=SEGMENT_BYTES)
+    acked: dict[str, int] = {}
+    try:
+        with Admin(proc.address) as admin:
+            admin.create_topic(TOPIC, QUEUES)
+        with Producer(proc.address, retry_timeout=5) as producer:
+            _send_rounds(producer, acked, 5)
+            fs.fail_fsyncs(1, directories=True)
+            failed = wait_until(lambda: _send_rounds(producer, acked, 1) or fs.stats()["failed_dir_fsyncs"], 60)
+            assert _send_rounds(producer, acked, 1) is None
+        fs.power_cut(proc.pid)
+        proc.proc.wait()
+        fs.mount()
+        proc.start()
+        with BrokerConnection(proc.address) as conn:
+            verdict = check_keyed(acked, stored_keyed(conn, TOPIC, QUEUES))
+    finally:
+        proc.kill9()
+    fault_report("a failed directory fsync, sync flush", {"log": verdict})
+    assert isinstance(failed, BrokerUnavailableError) and re.search(REFUSED, str(failed)), failed
     assert verdict.ok and verdict.duplicated == 0, str(verdict)
