@@ -497,15 +497,20 @@ class TransactionManager:
                         raise OSError(errno.ENOSPC, f"short write to {path}")
                 if self._fsync:
                     os.fsync(fd)
+                    if created:  # findable after a power cut
+                        fsync_dir(path.parent)
             except BaseException:
-                # Never leave a partial frame: later frames would sit behind it and be cut on load.
+                # Never leave a partial frame: later frames would sit behind it and be cut on load;
+                # nor a frame refused, which a resend would stage a second time. A file created
+                # here goes too, so that the resend creates it again and fsyncs its directory.
                 with contextlib.suppress(OSError):
-                    os.ftruncate(fd, start)
+                    if created:
+                        path.unlink()
+                    else:
+                        os.ftruncate(fd, start)
                 raise
         finally:
             os.close(fd)
-        if created and self._fsync:
-            fsync_dir(path.parent)
 
     def _read_staged(self, txn_id: str) -> Iterator[tuple[str, int, memoryview]]:
         """The staged sends, each payload a view of the file mapped into memory: a commit writes

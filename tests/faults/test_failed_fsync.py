@@ -23,6 +23,7 @@ import pytest
 
 from connector.client import Admin, Producer
 from connector.client.connection import BrokerConnection
+from connector.client.transaction import Transaction
 from connector.errors import BrokerUnavailableError
 from connector.history import check_keyed
 from tests.faults.lazymount import LazyMount, fuse_missing
@@ -168,4 +169,27 @@ def test_sync_flush_refuses_a_send_into_a_segment_whose_directory_fsync_failed(f
         proc.kill9()
     fault_report("a failed directory fsync, sync flush", {"log": verdict})
     assert isinstance(failed, BrokerUnavailableError) and re.search(REFUSED, str(failed)), failed
+    assert verdict.ok and verdict.duplicated == 0, str(verdict)
+
+
+def test_a_staged_send_whose_file_could_not_be_made_durable_is_staged_once(fs, tmp_path, fault_report):
+    """A transaction's first staged send creates its file: when the directory fsync that makes the
+    file findable fails, the send is refused and nothing of it kept, so the client's resend is
+    staged once, and the commit stores every message once."""
+    proc = broker_on(fs, tmp_path, flush="sync")
+    staged: dict[str, int] = {}
+    try:
+        with Admin(proc.address) as admin:
+            admin.create_topic(TOPIC, QUEUES)
+        with Producer(proc.address, retry_timeout=10) as producer:
+            txn = Transaction(producer).begin()
+            fs.fail_fsyncs(1, directories=True)
+            send_keyed_rounds(lambda key, body: txn.send(TOPIC, body, key=key), staged, 5, KEYS)
+            assert fs.stats()["failed_dir_fsyncs"] == 1
+            assert txn.commit() == sum(staged.values())
+        with BrokerConnection(proc.address) as conn:
+            verdict = check_keyed(staged, stored_keyed(conn, TOPIC, QUEUES))
+    finally:
+        proc.kill9()
+    fault_report("a failed directory fsync of a staged file", {"log": verdict})
     assert verdict.ok and verdict.duplicated == 0, str(verdict)
