@@ -22,7 +22,7 @@ class BrokerProcess:
         self.data_dir = Path(data_dir)
         self.args = list(args)
         self.port = port
-        self.env = env  # variables added to this process's environment for the broker's
+        self.env = env  # added to the environment the broker process inherits
         self.proc: subprocess.Popen | None = None
         self.code_dir = Path(__file__).resolve().parent.parent  # where ``python -m broker`` runs from
         self.log_path = Path(log_path) if log_path else self.data_dir.parent / f"{self.data_dir.name}-broker.log"

@@ -27,12 +27,12 @@ from typing import Any
 from broker.wire.errors import BrokerUnavailableError, DiskFullError, InternalBrokerError
 
 __all__ = [
-    "write_failure_as_error",
     "disk_full_error",
     "fsync_dir",
     "is_disk_full",
     "load_state",
     "read_json",
+    "write_failure_as_error",
     "write_json_atomic",
 ]
 

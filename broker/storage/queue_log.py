@@ -288,7 +288,8 @@ class QueueLog:
                         f"log at offset {self.max_offset}", self.max_offset)
                 framed = bytes(view[at:at + header.size])
                 active = self.segments[-1]
-                with write_failure_as_error(self.data_dir, f"replicate {header.count} message(s) into queue {self._name}"):
+                what = f"replicate {header.count} message(s) into queue {self._name}"
+                with write_failure_as_error(self.data_dir, what):
                     if active.size and active.size + len(framed) > self.segment_bytes:
                         active = self._roll()
                     active.append((framed,), header, sync=self.sync)
