@@ -61,7 +61,7 @@ faketime:  ## Debian's libfaketime for the clock-step tests (nothing to do when 
 test: $(STAMP) fuse browser zookeeper faketime  ## the whole test suite (what CI runs)
 	$(PY) -m pytest $(ARGS)
 
-faults: $(STAMP) fuse zookeeper  ## the long versions of the fault scenarios
+faults: $(STAMP) fuse zookeeper faketime  ## the long versions of the fault scenarios
 	ORDERLYMQ_FAULTS=long $(PY) -m pytest tests/faults $(ARGS)
 
 bench: $(STAMP)  ## benchmarks (Redis Streams and NATS JetStream as peers): a table and bench-results.json
