@@ -21,6 +21,7 @@ import re
 
 import pytest
 
+from broker.launcher import BrokerProcess
 from connector.client import Admin, Producer
 from connector.client.connection import BrokerConnection
 from connector.client.transaction import Transaction
@@ -72,6 +73,25 @@ def test_a_failed_fsync_loses_the_pages_it_was_to_write(fs):
     assert path.read_bytes() == b"A" * PAGE + bytes(PAGE) + b"C" * PAGE
 
 
+def _broker(fs: LazyMount, root, **settings) -> BrokerProcess:
+    """A broker on the lazy mount with ``settings``, serving the topic."""
+    proc = broker_on(fs, root, **settings)
+    with Admin(proc.address) as admin:
+        admin.create_topic(TOPIC, QUEUES)
+    return proc
+
+
+def _stored_after_power_cut(fs: LazyMount, proc: BrokerProcess) -> list[tuple[str, int]]:
+    """Cut the power (killing the broker if it still runs), mount what the disk kept, restart the
+    broker on it: the ``(key, seq)`` it holds."""
+    fs.power_cut(*([proc.pid] if proc.proc.poll() is None else []))
+    proc.proc.wait()
+    fs.mount()
+    proc.start()
+    with BrokerConnection(proc.address) as conn:
+        return stored_keyed(conn, TOPIC, QUEUES)
+
+
 def _send_rounds(producer: Producer, acked: dict[str, int], rounds: int) -> Exception | None:
     """``rounds`` more sends of every key, one at a time; the error of the first that fails (it is
     not counted in ``acked``)."""
@@ -83,11 +103,9 @@ def _send_rounds(producer: Producer, acked: dict[str, int], rounds: int) -> Exce
 
 
 def test_async_flush_stops_at_a_failed_fsync_and_leaves_no_hole(fs, tmp_path, fault_report):
-    proc = broker_on(fs, tmp_path, flush="async", flush_interval_ms=FLUSH_MS)
+    proc = _broker(fs, tmp_path, flush="async", flush_interval_ms=FLUSH_MS)
     acked: dict[str, int] = {}
     try:
-        with Admin(proc.address) as admin:
-            admin.create_topic(TOPIC, QUEUES)
         with Producer(proc.address, retry_timeout=5) as producer:
             _send_rounds(producer, acked, 20)
             before = dict(acked)
@@ -98,15 +116,12 @@ def test_async_flush_stops_at_a_failed_fsync_and_leaves_no_hole(fs, tmp_path, fa
             assert wait_until(lambda: _send_rounds(producer, acked, 1), 60), "the broker went on"
         assert proc.proc.wait(timeout=30) == 1
         assert "stopped: an fsync of" in proc.log_text()
-        fs.power_cut()
-        fs.mount()
-        proc.start()
+        stored = _stored_after_power_cut(fs, proc)
+        survivors = {key: sum(1 for k, _ in stored if k == key) for key in acked}
+        with Producer(proc.address) as producer:
+            for key, n in survivors.items():  # the restarted broker continues each key after what it kept
+                producer.send(TOPIC, f"{key}:{n}", key=key)
         with BrokerConnection(proc.address) as conn:
-            stored = stored_keyed(conn, TOPIC, QUEUES)
-            survivors = {key: sum(1 for k, _ in stored if k == key) for key in acked}
-            with Producer(proc.address) as producer:
-                for key, n in survivors.items():  # the restarted broker continues each key after what it kept
-                    producer.send(TOPIC, f"{key}:{n}", key=key)
             resumed = check_keyed({key: n + 1 for key, n in survivors.items()}, stored_keyed(conn, TOPIC, QUEUES))
     finally:
         proc.kill9()
@@ -122,11 +137,9 @@ def test_async_flush_stops_at_a_failed_fsync_and_leaves_no_hole(fs, tmp_path, fa
 
 
 def test_sync_flush_refuses_the_send_whose_fsync_failed_and_goes_on(fs, tmp_path, fault_report):
-    proc = broker_on(fs, tmp_path, flush="sync")
+    proc = _broker(fs, tmp_path, flush="sync")
     acked: dict[str, int] = {}
     try:
-        with Admin(proc.address) as admin:
-            admin.create_topic(TOPIC, QUEUES)
         with Producer(proc.address, retry_timeout=5) as producer:
             _send_rounds(producer, acked, 10)
             fs.fail_fsyncs(1)
@@ -134,12 +147,7 @@ def test_sync_flush_refuses_the_send_whose_fsync_failed_and_goes_on(fs, tmp_path
                 producer.send(TOPIC, f"k0:{acked['k0']}", key="k0")
             assert _send_rounds(producer, acked, 10) is None  # sending again is safe
         assert proc.proc.poll() is None
-        fs.power_cut(proc.pid)
-        proc.proc.wait()
-        fs.mount()
-        proc.start()
-        with BrokerConnection(proc.address) as conn:
-            verdict = check_keyed(acked, stored_keyed(conn, TOPIC, QUEUES))
+        verdict = check_keyed(acked, _stored_after_power_cut(fs, proc))
     finally:
         proc.kill9()
     fault_report("a failed fsync, sync flush", {"log": verdict})
@@ -149,22 +157,15 @@ def test_sync_flush_refuses_the_send_whose_fsync_failed_and_goes_on(fs, tmp_path
 def test_sync_flush_refuses_a_send_into_a_segment_whose_directory_fsync_failed(fs, tmp_path, fault_report):
     """A new segment is findable after a power cut only once its directory is fsynced: the send
     that failed to is refused, the next one makes it durable, and a cut right after loses nothing."""
-    proc = broker_on(fs, tmp_path, flush="sync", segment_bytes=SEGMENT_BYTES)
+    proc = _broker(fs, tmp_path, flush="sync", segment_bytes=SEGMENT_BYTES)
     acked: dict[str, int] = {}
     try:
-        with Admin(proc.address) as admin:
-            admin.create_topic(TOPIC, QUEUES)
         with Producer(proc.address, retry_timeout=5) as producer:
             _send_rounds(producer, acked, 5)
             fs.fail_fsyncs(1, directories=True)
             failed = wait_until(lambda: _send_rounds(producer, acked, 1) or fs.stats()["failed_dir_fsyncs"], 60)
             assert _send_rounds(producer, acked, 1) is None
-        fs.power_cut(proc.pid)
-        proc.proc.wait()
-        fs.mount()
-        proc.start()
-        with BrokerConnection(proc.address) as conn:
-            verdict = check_keyed(acked, stored_keyed(conn, TOPIC, QUEUES))
+        verdict = check_keyed(acked, _stored_after_power_cut(fs, proc))
     finally:
         proc.kill9()
     fault_report("a failed directory fsync, sync flush", {"log": verdict})
@@ -176,11 +177,9 @@ def test_a_staged_send_whose_file_could_not_be_made_durable_is_staged_once(fs, t
     """A transaction's first staged send creates its file: when the directory fsync that makes the
     file findable fails, the send is refused and nothing of it kept, so the client's resend is
     staged once, and the commit stores every message once."""
-    proc = broker_on(fs, tmp_path, flush="sync")
+    proc = _broker(fs, tmp_path, flush="sync")
     staged: dict[str, int] = {}
     try:
-        with Admin(proc.address) as admin:
-            admin.create_topic(TOPIC, QUEUES)
         with Producer(proc.address, retry_timeout=10) as producer:
             txn = Transaction(producer).begin()
             fs.fail_fsyncs(1, directories=True)

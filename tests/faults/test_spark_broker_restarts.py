@@ -10,13 +10,9 @@ import time
 
 import pytest
 
-from connector.client.connection import BrokerConnection
-from connector.history import History, check
 from tests.faults.fault_profile import PROFILE
-from tests.faults.spark_queries import all_acked_copied, copy_query, keyed_producers, visible
-from tests.faults.workload import stored_deliveries
+from tests.faults.spark_queries import CopyRun
 from tests.spark.helpers import committed
-from tests.support import wait_until
 
 SOURCE, SINK, GROUP, QUEUES = "payments", "payments-copy", "copier", 4
 pytestmark = pytest.mark.spark
@@ -25,39 +21,25 @@ pytestmark = pytest.mark.spark
 
 def test_exactly_once_query_rides_out_broker_restarts(spark, broker_proc, fault_report, tmp_path):
     proc = broker_proc(flush="sync")
-    history = History()
-    producers = keyed_producers(proc.address, SOURCE, SINK, QUEUES, history)
-    conn = BrokerConnection(proc.address, retry_timeout=60)
-    query = copy_query(spark, proc.address, SOURCE, SINK, GROUP, tmp_path / "checkpoint",
-                       trigger={"processingTime": "200 milliseconds"}, startingOffsets="earliest",
-                       maxMessagesPerTrigger=PROFILE.spark_max_per_trigger)
+    run = CopyRun.start(spark, proc.address, SOURCE, SINK, GROUP, QUEUES, tmp_path / "checkpoint")
     recoveries: list[float] = []
     try:
-        for producer in producers:
-            producer.start()
         for _ in range(PROFILE.broker_cycles):
-            before = visible(conn, SINK)
-            assert wait_until(lambda: visible(conn, SINK) > before or query.exception(), 120)  # noqa: B023
-            assert query.exception() is None
+            run.advance(120)
+            assert run.query.exception() is None
             proc.kill9()
             proc.start()
-            restarted, at_restart = time.monotonic(), visible(conn, SINK)
-            assert wait_until(lambda: visible(conn, SINK) > at_restart or query.exception(), 180)  # noqa: B023
+            restarted = time.monotonic()
+            run.advance(180)
             recoveries.append(round(time.monotonic() - restarted, 2))
-            assert query.exception() is None, str(query.exception())[:3000]
-        for producer in producers:
-            producer.stop.set()
-        for producer in producers:
-            producer.join()
-        caught_up = wait_until(lambda: all_acked_copied(conn, SINK, history) or query.exception(), 300, interval=1.0)
+            assert run.query.exception() is None, str(run.query.exception())[:3000]
+        caught_up = run.catch_up()
     finally:
-        for producer in producers:
-            producer.stop.set()
-        query.stop()
-    failure = query.exception()
-    output = check(history.sends, stored_deliveries(conn, SINK))
-    source_committed = sum(committed(conn, GROUP, SOURCE).values())
-    conn.close()
+        run.stop()
+    failure = run.query.exception()
+    output = run.output()
+    source_committed = sum(committed(run.conn, GROUP, SOURCE).values())
+    run.conn.close()
     fault_report("7 Spark exactly-once query through broker kill -9 restarts", {"output": output},
                  restarts=len(recoveries), recovery_s=recoveries, max_recovery_s=max(recoveries, default=None),
                  source_committed=source_committed, failed=None if failure is None else str(failure)[:300])

@@ -12,12 +12,9 @@ import time
 import pytest
 
 from connector.client.connection import BrokerConnection, pb
-from connector.history import History, check
 from connector.spark.locks import MAX_RENEW_S
-from tests.faults.fault_profile import PROFILE
-from tests.faults.spark_queries import all_acked_copied, copy_query, keyed_producers, visible
+from tests.faults.spark_queries import CopyRun
 from tests.faults.stepped_clock import HOUR_S, SteppedClock
-from tests.faults.workload import stored_deliveries
 from tests.support import wait_until
 
 SOURCE, SINK, GROUP, QUEUES = "payments", "payments-copy", "copier", 4
@@ -28,38 +25,23 @@ pytestmark = pytest.mark.spark
 def test_exactly_once_query_rides_out_clock_steps(spark, broker_proc, fault_report, tmp_path):
     clock = SteppedClock(tmp_path / "clock-offset", SOURCE)
     proc = broker_proc(env=clock.env())
-    history = History()
-    producers = keyed_producers(proc.address, SOURCE, SINK, QUEUES, history)
-    conn = BrokerConnection(proc.address, retry_timeout=60)
-    query = copy_query(spark, proc.address, SOURCE, SINK, GROUP, tmp_path / "checkpoint",
-                       trigger={"processingTime": "200 milliseconds"}, startingOffsets="earliest",
-                       maxMessagesPerTrigger=PROFILE.spark_max_per_trigger)
+    run = CopyRun.start(spark, proc.address, SOURCE, SINK, GROUP, QUEUES, tmp_path / "checkpoint")
     epochs = epochs_after = None
     try:
-        for producer in producers:
-            producer.start()
-        epochs = wait_until(lambda: _epochs(conn), 120)
+        epochs = wait_until(lambda: _epochs(run.conn), 120)
         for seconds in STEPS_S:
-            before = visible(conn, SINK)
-            assert wait_until(lambda: visible(conn, SINK) > before or query.exception(), 120)  # noqa: B023
-            clock.step(conn, seconds)
-            stepped = visible(conn, SINK)
-            assert wait_until(lambda: visible(conn, SINK) > stepped or query.exception(), 120)  # noqa: B023
-            assert query.exception() is None, str(query.exception())[:3000]
-        for producer in producers:
-            producer.stop.set()
-        for producer in producers:
-            producer.join()
-        caught_up = wait_until(lambda: all_acked_copied(conn, SINK, history) or query.exception(), 300, interval=1.0)
+            run.advance(120)
+            clock.step(run.conn, seconds)
+            run.advance(120)
+            assert run.query.exception() is None, str(run.query.exception())[:3000]
+        caught_up = run.catch_up()
         time.sleep(2 * MAX_RENEW_S)  # renewal rounds after the last step, each of which would see a lapse
-        epochs_after = _epochs(conn)
+        epochs_after = _epochs(run.conn)
     finally:
-        for producer in producers:
-            producer.stop.set()
-        query.stop()
-    failure = query.exception()
-    output = check(history.sends, stored_deliveries(conn, SINK))
-    conn.close()
+        run.stop()
+    failure = run.query.exception()
+    output = run.output()
+    run.conn.close()
     fault_report("Spark exactly-once query through steps of the broker's wall clock", {"output": output},
                  steps_s=list(STEPS_S), epochs=epochs, epochs_after=epochs_after,
                  failed=None if failure is None else str(failure)[:300])

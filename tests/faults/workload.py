@@ -159,13 +159,18 @@ def start_orderly_group(address: str, topic: str, group: str, members: int, hist
 
 
 
-def drain(producers: list[threading.Thread], history: History, timeout: float = 120.0) -> bool:
-    """Stop the producer threads (each has a ``stop`` event), wait for them, then until every
-    acknowledged send was delivered (False when that did not happen within ``timeout``)."""
+def stop_all(producers: list[threading.Thread]) -> None:
+    """Stop the producer threads (each has a ``stop`` event) and wait for them."""
     for producer in producers:
         producer.stop.set()
     for producer in producers:
         producer.join()
+
+
+def drain(producers: list[threading.Thread], history: History, timeout: float = 120.0) -> bool:
+    """Stop the producer threads, then wait until every acknowledged send was delivered (False
+    when that did not happen within ``timeout``)."""
+    stop_all(producers)
     return bool(wait_until(history.delivered_all_acked, timeout=timeout))
 
 
