@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 __all__ = ["BrokerProcess"]
@@ -18,11 +19,12 @@ __all__ = ["BrokerProcess"]
 
 class BrokerProcess:
     def __init__(self, data_dir: str | Path, *args: str, port: int = 0, log_path: str | Path | None = None,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, wrapper: Sequence[str] = ()) -> None:
         self.data_dir = Path(data_dir)
         self.args = list(args)
         self.port = port
         self.env = env  # added to the environment the broker process inherits
+        self.wrapper = list(wrapper)  # a command the broker runs under (``prlimit --nofile=...``)
         self.proc: subprocess.Popen | None = None
         self.code_dir = Path(__file__).resolve().parent.parent  # where ``python -m broker`` runs from
         self.log_path = Path(log_path) if log_path else self.data_dir.parent / f"{self.data_dir.name}-broker.log"
@@ -39,7 +41,7 @@ class BrokerProcess:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         port_file = self.data_dir / ".port"
         port_file.unlink(missing_ok=True)
-        cmd = [sys.executable, "-m", "broker", "--data-dir", str(self.data_dir), "--port", str(self.port),
+        cmd = [*self.wrapper, sys.executable, "-m", "broker", "--data-dir", str(self.data_dir), "--port", str(self.port),
                "--port-file", str(port_file), *self.args]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=self.code_dir,

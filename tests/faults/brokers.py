@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from broker.config import BrokerConfig
@@ -14,9 +15,10 @@ def _toml_value(value) -> str:
     return f'"{value}"' if isinstance(value, str) else str(value)
 
 
-def broker_process(data_dir: Path, *, env: dict[str, str] | None = None, **settings) -> BrokerProcess:
-    """A (not yet started) ``BrokerProcess`` on ``data_dir`` with ``settings`` (``BrokerConfig`` names)
-    and ``env`` added to its environment.
+def broker_process(data_dir: Path, *, env: dict[str, str] | None = None, wrapper: Sequence[str] = (),
+                   **settings) -> BrokerProcess:
+    """A (not yet started) ``BrokerProcess`` on ``data_dir`` with ``settings`` (``BrokerConfig`` names),
+    ``env`` added to its environment, run under ``wrapper`` (a command such as ``prlimit``).
 
     The settings are checked here, so a typo fails before any process starts.
     """
@@ -25,4 +27,4 @@ def broker_process(data_dir: Path, *, env: dict[str, str] | None = None, **setti
     config.parent.mkdir(parents=True, exist_ok=True)
     lines = ["[broker]"] + [f"{name} = {_toml_value(value)}" for name, value in sorted(settings.items())]
     config.write_text("\n".join(lines) + "\n")
-    return BrokerProcess(data_dir, "--config", str(config), env=env)
+    return BrokerProcess(data_dir, "--config", str(config), env=env, wrapper=wrapper)

@@ -12,6 +12,7 @@ import threading
 import time
 from bisect import bisect_left, bisect_right
 from collections import deque
+from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -154,14 +155,15 @@ def _restart(proc: BrokerProcess, attempts: int = 10) -> None:
             time.sleep(0.5)
 
 
-def broker_on(fs: LazyMount, root: Path, **settings) -> BrokerProcess:
+def broker_on(fs: LazyMount, root: Path, wrapper: Sequence[str] = (), **settings) -> BrokerProcess:
     """A broker with ``settings`` started on a data dir of the lazy mount ``fs`` (its config and
-    log stay outside the mount). The data dir is made durable first, as a provisioned one is."""
+    log stay outside the mount), under ``wrapper`` (``prlimit``). The data dir is made durable
+    first, as a provisioned one is."""
     data = fs.mountpoint / "data"
     data.mkdir()
     fs.fsync_dir(fs.mountpoint)
     config_args = broker_process(root / "config" / "data", **settings).args
-    return BrokerProcess(data, *config_args, log_path=root / "broker.log").start()
+    return BrokerProcess(data, *config_args, log_path=root / "broker.log", wrapper=wrapper).start()
 
 
 def power_loss_run(root: Path, *, cuts: int, acks_per_cut: int, producers: int, keys_per_producer: int,
