@@ -115,10 +115,22 @@ def _collect_old_garbage_rarely() -> None:
 
 
 def _raise_open_file_limit() -> None:
-    """Each written queue keeps its segment files open: allow as many as the hard limit does."""
+    """Allow as many open files as the hard limit does: segment files (``broker.storage.open_files``
+    keeps them to half the limit) and connections. An unlimited hard limit (macOS, whose soft
+    limit is 256) is not a value the soft one may take: the largest the system takes is."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard != resource.RLIM_INFINITY and soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    if hard != resource.RLIM_INFINITY:
+        if soft < hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        return
+    for wanted in (1 << 20, 1 << 16, 10240):  # 10240: macOS's OPEN_MAX, taken where more is refused
+        if wanted <= soft:
+            return
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+            return
+        except (ValueError, OSError):
+            continue
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -56,6 +56,8 @@ METRICS = {
     "orderlymq_lock_lease_remaining_seconds": "time until a held queue lock expires unless renewed",
     "orderlymq_group_consumers": "live consumers (heartbeating) per group",
     "orderlymq_transactions_open": "transactions begun and not yet committed or aborted",
+    "orderlymq_segment_files_open": "segment files open now",
+    "orderlymq_segment_files_budget": "segment files kept open at most (half the open-file limit); idle ones close",
 }
 
 
@@ -162,6 +164,12 @@ class _StateCollector(Collector):
         open_txns = _gauge("orderlymq_transactions_open", ())
         open_txns.add_metric((), self._state.txns.open_count())
         yield open_txns
+        files = self._state.store.open_files
+        for name, value in (("orderlymq_segment_files_open", len(files)),
+                            ("orderlymq_segment_files_budget", files.budget)):
+            gauge = _gauge(name, ())
+            gauge.add_metric((), value)
+            yield gauge
 
     def _queue_logs(self):
         store = self._state.store

@@ -23,6 +23,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import pyarrow as pa
 
@@ -30,6 +31,7 @@ from broker.persist import fsync_dir, write_failure_as_error
 from broker.storage import compaction
 from broker.storage.arrivals import Arrivals
 from broker.storage.lost_writes import LostWrites
+from broker.storage.open_files import OpenFiles
 from broker.storage.record import (
     HEADER,
     Body,
@@ -40,7 +42,7 @@ from broker.storage.record import (
     parse_header,
     producer_hash,
 )
-from broker.storage.segment import CutReport, Segment
+from broker.storage.segment import CutReport, Segment, SegmentClosedError
 from broker.wire import codec
 from broker.wire.errors import DamagedRecordError, OffsetOutOfRangeError, TopicNotFoundError
 
@@ -48,6 +50,8 @@ __all__ = ["AppendResult", "QueueLog", "ReadResult"]
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+_READ_ATTEMPTS = 3  # a read is tried again this often when retention or compaction closed a segment under it
 _MAX_PRODUCERS = 10_000  # idempotence state kept per queue (least recently used dropped)
 _MAX_RESULTS_PER_PRODUCER = compaction.PRODUCER_RESULTS
 
@@ -84,9 +88,11 @@ class QueueLog:
         clock: Callable[[], int] = codec.now_ms,
         data_dir: Path | None = None,
         lost_writes: LostWrites | None = None,
+        open_files: OpenFiles | None = None,
     ) -> None:
         self.directory = directory
         self.lost_writes = lost_writes or LostWrites()  # shared by the queues of a store
+        self.open_files = open_files  # the store's budget of open segment files; None: no bound
         self.data_dir = data_dir if data_dir is not None else directory
         self.segment_bytes = segment_bytes
         self.index_interval_bytes = index_interval_bytes
@@ -98,7 +104,6 @@ class QueueLog:
         self._lock = threading.Lock()
         self._appended = Arrivals(self._lock)  # wakes long polls: threads and event loops
         self._producers: OrderedDict[int, OrderedDict[int, AppendResult]] = OrderedDict()
-        self._retired: list[Segment] = []  # deleted segments whose fds close one retention pass later
         self._visible: int | None = None  # None: every stored message is visible (see hold_back)
         self._examined: set[int] = set()  # base offsets of the segments compaction looked at
         directory.mkdir(parents=True, exist_ok=True)
@@ -113,9 +118,9 @@ class QueueLog:
             if not kept.with_suffix(".log").exists():
                 kept.unlink()
         paths = sorted(self.directory.glob("*.log"))
-        segments = [Segment(p, int(p.stem), self.index_interval_bytes) for p in paths]
+        segments = [self._segment(int(p.stem), p) for p in paths]
         if not segments:
-            return [Segment(self.directory / Segment.file_name(0), 0, self.index_interval_bytes)]
+            return [self._segment(0)]
         for i, seg in enumerate(segments):
             if i == len(segments) - 1 or not seg.load_index():
                 report = seg.recover(verify_crc=True)
@@ -132,6 +137,10 @@ class QueueLog:
         for seg in kept[-2:]:
             self._rebuild_producers(seg)
         return kept
+
+    def _segment(self, base_offset: int, path: Path | None = None) -> Segment:
+        path = self.directory / Segment.file_name(base_offset) if path is None else path
+        return Segment(path, base_offset, self.index_interval_bytes, self.open_files)
 
     def _report_cut(self, report: CutReport, lost_until: int) -> None:
         self.cut_reports.append(report)
@@ -250,6 +259,9 @@ class QueueLog:
     def read_frames(self, offset: int, max_bytes: int) -> tuple[bytes, int]:
         """Whole framed records from ``offset`` (a record boundary) on, as stored, up to about
         ``max_bytes``; returns them and the offset after them. What a slave appends verbatim."""
+        return self._retried(lambda: self._read_frames(offset, max_bytes))
+
+    def _read_frames(self, offset: int, max_bytes: int) -> tuple[bytes, int]:
         self.check_offset(offset)
         end = self.max_offset
         frames: list[bytes] = []
@@ -329,7 +341,7 @@ class QueueLog:
                                             f"{offset}, which it has")
             for seg in self.segments:
                 seg.delete()
-            self.segments = [Segment(self.directory / Segment.file_name(offset), offset, self.index_interval_bytes)]
+            self.segments = [self._segment(offset)]
             self._producers.clear()
             if self._visible is not None:
                 self._visible = offset
@@ -354,7 +366,7 @@ class QueueLog:
                 self._lose_unsynced(closed, exc)
             raise
         closed.write_index()
-        seg = Segment(self.directory / Segment.file_name(closed.next_offset), closed.next_offset, self.index_interval_bytes)
+        seg = self._segment(closed.next_offset)
         self.segments.append(seg)
         return seg
 
@@ -439,12 +451,7 @@ class QueueLog:
     def read(self, offset: int, max_messages: int, max_bytes: int) -> ReadResult:
         """Up to ``max_messages`` messages from ``offset`` (at least one record's worth if any),
         with the store columns added."""
-        try:
-            headers, bodies, counts = self._read_records(offset, max_messages, max_bytes)
-        except OSError:
-            if self._closed:  # the topic was deleted while this read ran
-                raise self._deleted() from None
-            raise
+        headers, bodies, counts = self._retried(lambda: self._read_records(offset, max_messages, max_bytes))
         if not bodies:
             return ReadResult(codec.empty_stored_table(), offset)
         messages, stamps = codec.decode_stamped_records(bodies, [h.store_ts for h in headers],
@@ -454,6 +461,21 @@ class QueueLog:
         if table.num_rows < compaction.SMALL_RECORD_ROWS * len(bodies):  # many small records: one batch, not one each
             table = table.combine_chunks()
         return ReadResult(table, offset + table.num_rows)
+
+    def _retried(self, read: Callable[[], T]) -> T:
+        """``read()``, again over the segments as they are now when one it began on was closed
+        meanwhile: retention deleted it, or compaction replaced it."""
+        for attempt in range(_READ_ATTEMPTS):
+            try:
+                return read()
+            except OSError as exc:
+                if self._closed:  # the topic was deleted while this read ran
+                    raise self._deleted() from None
+                if not isinstance(exc, SegmentClosedError) or attempt == _READ_ATTEMPTS - 1:
+                    raise
+            with self._lock:  # a compaction swap holds it until its new segment is in the list
+                pass
+        raise AssertionError("unreachable")
 
     def _read_records(self, offset: int, max_messages: int,
                       max_bytes: int) -> tuple[list[RecordHeader], list[bytes], list[int]]:
@@ -552,17 +574,20 @@ class QueueLog:
             if self._closed or old not in self.segments:
                 return False
             old.index_path.unlink(missing_ok=True)  # describes the old file: a crash now rescans
+            old.close()  # before its path names the new file: a read that had not begun reads the new segment
             os.replace(side, old.path)
             fsync_dir(self.directory)
-            new = Segment(old.path, old.base_offset, self.index_interval_bytes)
+            new = self._segment(old.base_offset, old.path)
             new.recover(verify_crc=False)
             new.write_index()
             self.segments[self.segments.index(old)] = new
-            self._retired.append(old)  # readers may still hold its file for a moment
             return True
 
     def offset_for_timestamp(self, timestamp: int) -> int:
         """First offset stored at or after ``timestamp`` (``max_offset`` if none yet)."""
+        return self._retried(lambda: self._offset_for_timestamp(timestamp))
+
+    def _offset_for_timestamp(self, timestamp: int) -> int:
         for seg in list(self.segments):
             found = seg.offset_at_or_after(timestamp)
             if found is not None:
@@ -574,9 +599,6 @@ class QueueLog:
     def apply_retention(self, retention_ms: int, retention_bytes: int) -> int:
         """Delete closed segments older than ``retention_ms`` or beyond ``retention_bytes``;
         returns the number of messages removed. The active segment is never deleted."""
-        for seg in self._retired:
-            seg.close()
-        self._retired = []
         now = self.clock()
         removed = 0
         with self._lock:
@@ -588,8 +610,7 @@ class QueueLog:
                     break
                 self.segments.pop(0)
                 removed += oldest.next_offset - oldest.base_offset
-                oldest.unlink()
-                self._retired.append(oldest)  # readers may still hold its fd for a moment
+                oldest.delete()  # reads on it keep its file until they end
         if removed:
             fsync_dir(self.directory)  # else a power cut can bring the deleted segments back
             log.info("retention removed %d messages from %s (now from offset %d)", removed, self.directory, self.min_offset)
@@ -602,7 +623,7 @@ class QueueLog:
             self._closed = True
             if self.lost_writes.reason is None:  # else secured already, or cut back
                 self.segments[-1].sync()
-            for seg in self.segments + self._retired:
+            for seg in self.segments:
                 seg.close()
 
 

@@ -6,6 +6,8 @@ entry ``(offset, position, store_ts)`` every ``index_interval_bytes`` of log; it
 
 The file is opened on first use and created by the first append, so a queue that was never
 written holds no file descriptor (a topic of a thousand queues costs none until it is used).
+A broker's ``OpenFiles`` may close it again while idle, to stay within its budget of open files:
+every use of the descriptor holds it (``_acquire``/``_release``) and reopens it when needed.
 A record is counted only once it is fully written (and fsynced in sync mode): an append that
 fails, a full disk for one, cuts the file back to where it was and changes nothing.
 """
@@ -19,16 +21,17 @@ import os
 import struct
 import threading
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from broker.persist import fsync_dir
+from broker.storage.open_files import OpenFiles
 from broker.storage.record import HEADER, RecordHeader, parse_header, verify
 from broker.wire import codec
 from broker.wire.errors import DamagedRecordError
 
-__all__ = ["CutReport", "Segment"]
+__all__ = ["CutReport", "Segment", "SegmentClosedError"]
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +40,10 @@ _READ_AHEAD = 256 * 1024  # bytes read at once when scanning records for a pull
 _PRODUCERS_MAGIC = b"OQMP0001"
 _PRODUCER = struct.Struct("<QqqiQ")  # producer hash, sequence, base offset, count, store timestamp
 _IOV_MAX = os.sysconf("SC_IOV_MAX")  # the parts one pwritev takes
+
+
+class SegmentClosedError(OSError):
+    """A read of a segment closed before it began: deleted, or replaced by compaction."""
 
 
 @dataclass(frozen=True)
@@ -54,8 +61,10 @@ class Segment:
     """An append-only file of records starting at ``base_offset``. Not thread-safe by itself:
     the owning ``QueueLog`` serialises appends; reads use ``os.pread`` and may run concurrently."""
 
-    def __init__(self, path: Path, base_offset: int, index_interval_bytes: int) -> None:
+    def __init__(self, path: Path, base_offset: int, index_interval_bytes: int,
+                 open_files: OpenFiles | None = None) -> None:
         self.path = path
+        self._open_files = open_files  # None: the file stays open once opened
         self.base_offset = base_offset
         self.next_offset = base_offset
         self.size = 0
@@ -69,22 +78,75 @@ class Segment:
         self._closed = False
         self._new_file = False  # created by this process and not yet fsynced into its directory
         self._open_lock = threading.Lock()
+        self._users = 0  # reads and appends using the descriptor now: it is not closed under them
+        self.recently_used = False  # for ``OpenFiles``: used since it last made room
+        self._failed_sync: OSError | None = None  # of a close for room: the next sync raises it
 
-    @property
-    def fd(self) -> int:
-        """The file, opened on first use (an existing segment's file must exist)."""
-        fd = self._fd
-        return fd if fd is not None else self._open(create=False)
-
-    def _open(self, create: bool) -> int:
+    def _acquire(self, create: bool = False) -> int:
+        """The descriptor, opened when needed (an existing segment's file must exist, unless
+        ``create``), held open until ``_release``."""
         with self._open_lock:
-            if self._fd is None:
-                if self._closed:
-                    raise OSError(errno.EBADF, f"segment {self.path} is closed")
+            if self._closed:
+                raise SegmentClosedError(errno.EBADF, f"segment {self.path} is closed")
+            opened = self._fd is None
+            if opened:
                 existed = not create or self.path.exists()
                 self._fd = os.open(self.path, os.O_RDWR | (os.O_CREAT if create else 0), 0o644)
-                self._new_file = not existed
-            return self._fd
+                self._new_file = self._new_file or not existed
+            self._users += 1
+            self.recently_used = True
+            fd = self._fd
+        if opened and self._open_files is not None:  # outside the lock: making room takes other segments' locks
+            self._open_files.opened(self)
+        return fd
+
+    def _release(self) -> None:
+        with self._open_lock:
+            self._users -= 1
+            if self._users or not self._closed or self._fd is None:
+                return
+            fd, self._fd = self._fd, None  # the last use of a closed segment's file
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+    @contextlib.contextmanager
+    def _opened(self, create: bool = False) -> Iterator[int]:
+        fd = self._acquire(create)
+        try:
+            yield fd
+        finally:
+            self._release()
+
+    def close_if_idle(self, sync: bool = False) -> bool:
+        """Close the file for ``OpenFiles`` unless it is in use; whether it is closed now.
+        A file holding writes (or a new directory entry) not yet fsynced stays open, unless ``sync``:
+        then it is fsynced first. A failed fsync is raised, and kept for the queue's next flush to
+        raise (``sync``), which drops what it lost as a failed flush does."""
+        with self._open_lock:
+            if self._fd is None:
+                return True
+            if self._users or (not sync and not self._synced()):
+                return False
+            self._users += 1  # nobody closes it during the fsync
+            fd = self._fd
+        try:
+            if not self._synced():
+                self._fsync(fd)
+        except OSError as exc:
+            self._failed_sync = exc
+            self._release()
+            raise
+        with self._open_lock:
+            self._users -= 1
+            if self._users or not (self._closed or self._synced()):  # written to meanwhile
+                return False
+            self._fd = None
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        return True
+
+    def _synced(self) -> bool:
+        return not self._new_file and self.synced_size == self.size
 
     @classmethod
     def file_name(cls, base_offset: int) -> str:
@@ -108,22 +170,25 @@ class Segment:
             segment is as before, so the next append writes at the same place.
         """
         position = self.size
-        fd = self._fd if self._fd is not None else self._open(create=True)
-        try:
-            written = _pwritev_all(fd, parts, position)
-            if written != header.size:  # a short write on a regular file means the disk is full
-                raise OSError(errno.ENOSPC, f"short write to {self.path}: {written} of {header.size} bytes")
+        fd = self._acquire(create=True)
+        try:  # held until counted: a file closed before its fsync could lose the write's error
+            try:
+                written = _pwritev_all(fd, parts, position)
+                if written != header.size:  # a short write on a regular file means the disk is full
+                    raise OSError(errno.ENOSPC, f"short write to {self.path}: {written} of {header.size} bytes")
+                if sync:
+                    self._fsync(fd)
+            except OSError:
+                # Reads stop at self.size and the next append writes at it, so a tail this cut cannot
+                # remove is never served; recovery cuts it after a restart.
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, position)
+                raise
+            self._track(header, position)
             if sync:
-                self.sync()
-        except OSError:
-            # Reads stop at self.size and the next append writes at it, so a tail this cut cannot
-            # remove is never served; recovery cuts it after a restart.
-            with contextlib.suppress(OSError):
-                os.ftruncate(fd, position)
-            raise
-        self._track(header, position)
-        if sync:
-            self.synced_size = self.size
+                self.synced_size = self.size
+        finally:
+            self._release()
 
     def _track(self, header: RecordHeader, position: int) -> None:
         if self._bytes_since_index >= self.index_interval_bytes:
@@ -138,27 +203,43 @@ class Segment:
 
     def sync(self) -> None:
         """Make what was written durable, and a file this process created findable after a crash."""
+        if self._failed_sync is not None:  # closing it for room failed: never retried as if it had not
+            failure, self._failed_sync = self._failed_sync, None
+            raise failure
+        if self._fd is not None or not self._synced():  # a file closed for room was synced first
+            with self._opened() as fd:
+                self._fsync(fd)
+
+    def _fsync(self, fd: int) -> None:
+        """``sync`` through ``fd``, this segment's descriptor held open."""
         size = self.size  # read first: an append racing this fsync is not counted as durable
-        if self._fd is not None:
-            os.fsync(self._fd)
-            if self._new_file:
-                fsync_dir(self.path.parent)
-                self._new_file = False
+        os.fsync(fd)
+        if self._new_file:
+            fsync_dir(self.path.parent)
+            self._new_file = False
         self.synced_size = size
 
     def drop_unsynced(self) -> None:
         """After a failed fsync (``broker.storage.lost_writes``): cut the file back to what the last
         successful one made durable, since reads would go on seeing what it lost."""
-        os.ftruncate(self.fd, self.synced_size)
-        with contextlib.suppress(OSError):  # the disk may refuse this too: the restart's recovery cuts then
-            os.fsync(self.fd)
+        with self._opened() as fd:
+            os.ftruncate(fd, self.synced_size)
+            with contextlib.suppress(OSError):  # the disk may refuse this too: the restart's recovery cuts then
+                os.fsync(fd)
         self.index_path.unlink(missing_ok=True)
         self.recover(verify_crc=False)
 
     def close(self) -> None:
+        """Close the file, now or when the reads still on it end; it never opens again (a read that
+        had not started gets ``SegmentClosedError``). Its readers keep the file they started on
+        though retention unlinks it or compaction puts another in its place."""
         with self._open_lock:
             self._closed = True
-            fd, self._fd = self._fd, None
+            fd = None if self._users else self._fd
+            if fd is not None:
+                self._fd = None
+        if self._open_files is not None:
+            self._open_files.forget(self)
         if fd is not None:
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -191,12 +272,14 @@ class Segment:
         if len(values) < 5 or values[0] != _INDEX_MAGIC or (len(values) - 5) % 3:
             return False
         size, next_offset, first_ts, last_ts = values[1:5]
-        if size != os.fstat(self.fd).st_size:
-            return False
-        self._index = values[5:]
-        self.size, self.next_offset = size, next_offset
-        self.first_store_ts, self.last_store_ts = first_ts, last_ts
-        return True
+        with self._opened() as fd:
+            if size != os.fstat(fd).st_size:
+                return False
+            self._index = values[5:]
+            self.size, self.next_offset = size, next_offset
+            self.first_store_ts, self.last_store_ts = first_ts, last_ts
+            self.synced_size = size  # a closed segment was fsynced when it was rolled
+            return True
 
     def recover(self, verify_crc: bool = True) -> CutReport | None:
         """Scan records from the start, rebuild the index and cut everything from the first torn,
@@ -205,34 +288,35 @@ class Segment:
         self._bytes_since_index = self.index_interval_bytes
         self.size, self.next_offset = 0, self.base_offset
         self.first_store_ts = self.last_store_ts = -1
-        file_size = os.fstat(self.fd).st_size
-        position, reason = 0, ""
-        while position < file_size:
-            raw = os.pread(self.fd, HEADER.size, position)
-            header = parse_header(raw)
-            if header is None:
-                reason = "bad record header" if len(raw) == HEADER.size else "torn record header"
-                break
-            if header.base_offset != self.next_offset:
-                reason = f"offset {header.base_offset} where {self.next_offset} was expected"
-                break
-            if position + header.size > file_size:
-                reason = "torn record body"
-                break
-            if verify_crc:
-                body = os.pread(self.fd, header.body_len, position + HEADER.size)
-                if not verify(raw, body, header):
-                    reason = "checksum mismatch"
+        with self._opened() as fd:
+            file_size = os.fstat(fd).st_size
+            position, reason = 0, ""
+            while position < file_size:
+                raw = os.pread(fd, HEADER.size, position)
+                header = parse_header(raw)
+                if header is None:
+                    reason = "bad record header" if len(raw) == HEADER.size else "torn record header"
                     break
-            self._track(header, position)
-            position += header.size
-        self.synced_size = position  # what a previous run wrote counts as durable
-        if position >= file_size:
-            return None
-        os.ftruncate(self.fd, position)
-        os.fsync(self.fd)
-        self.index_path.unlink(missing_ok=True)
-        return CutReport(str(self.path), position, file_size - position, reason, self.next_offset)
+                if header.base_offset != self.next_offset:
+                    reason = f"offset {header.base_offset} where {self.next_offset} was expected"
+                    break
+                if position + header.size > file_size:
+                    reason = "torn record body"
+                    break
+                if verify_crc:
+                    body = os.pread(fd, header.body_len, position + HEADER.size)
+                    if not verify(raw, body, header):
+                        reason = "checksum mismatch"
+                        break
+                self._track(header, position)
+                position += header.size
+            self.synced_size = position  # what a previous run wrote counts as durable
+            if position >= file_size:
+                return None
+            os.ftruncate(fd, position)
+            os.fsync(fd)
+            self.index_path.unlink(missing_ok=True)
+            return CutReport(str(self.path), position, file_size - position, reason, self.next_offset)
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -249,34 +333,37 @@ class Segment:
         expected = self._index[i * 3] if count else self.base_offset
         end = self.size
         chunk, chunk_start = b"", position
-        while position < end:
-            if position + HEADER.size > chunk_start + len(chunk):
-                chunk, chunk_start = os.pread(self.fd, min(_READ_AHEAD, end - position), position), position
-            at = position - chunk_start
-            raw = chunk[at:at + HEADER.size]
-            header = parse_header(raw)
-            if header is None:
-                raise DamagedRecordError(
-                    f"messages {expected}..{self.next_offset - 1} are damaged on disk (bad record header in "
-                    f"{self.path} at byte {position}); pull from offset {self.next_offset} to skip them",
-                    self.next_offset,
-                )
-            if header.next_offset > offset:
-                body_at = at + HEADER.size
-                if body_at + header.body_len <= len(chunk):
-                    body = chunk[body_at:body_at + header.body_len]
-                else:
-                    body = os.pread(self.fd, header.body_len, position + HEADER.size)
-                if len(body) != header.body_len or not verify(raw, body, header):
+        if position >= end:
+            return  # nothing to read: a segment no append created a file for has none to open
+        with self._opened() as fd:
+            while position < end:
+                if position + HEADER.size > chunk_start + len(chunk):
+                    chunk, chunk_start = os.pread(fd, min(_READ_AHEAD, end - position), position), position
+                at = position - chunk_start
+                raw = chunk[at:at + HEADER.size]
+                header = parse_header(raw)
+                if header is None:
                     raise DamagedRecordError(
-                        f"messages {header.base_offset}..{header.next_offset - 1} are damaged on disk (checksum "
-                        f"mismatch in {self.path} at byte {position}); pull from offset {header.next_offset} to "
-                        "skip them",
-                        header.next_offset,
+                        f"messages {expected}..{self.next_offset - 1} are damaged on disk (bad record header in "
+                        f"{self.path} at byte {position}); pull from offset {self.next_offset} to skip them",
+                        self.next_offset,
                     )
-                yield header, body
-            expected = header.next_offset
-            position += header.size
+                if header.next_offset > offset:
+                    body_at = at + HEADER.size
+                    if body_at + header.body_len <= len(chunk):
+                        body = chunk[body_at:body_at + header.body_len]
+                    else:
+                        body = os.pread(fd, header.body_len, position + HEADER.size)
+                    if len(body) != header.body_len or not verify(raw, body, header):
+                        raise DamagedRecordError(
+                            f"messages {header.base_offset}..{header.next_offset - 1} are damaged on disk (checksum "
+                            f"mismatch in {self.path} at byte {position}); pull from offset {header.next_offset} to "
+                            "skip them",
+                            header.next_offset,
+                        )
+                    yield header, body
+                expected = header.next_offset
+                position += header.size
 
     def _floor_entry(self, offset: int) -> int:
         """Index of the last index entry whose offset is <= ``offset`` (0 if none)."""
@@ -304,32 +391,34 @@ class Segment:
                 hi = mid
         start, count = max(lo - 1, 0), len(self._index) // 3
         position = self._index[start * 3 + 1] if count else 0
-        while position < self.size:
-            raw = os.pread(self.fd, HEADER.size, position)
-            header = parse_header(raw)
-            if header is None:
-                return None
-            if header.store_ts >= timestamp:  # a merged record's earlier messages may be older
-                if header.count == 1:
-                    return header.base_offset
-                body = os.pread(self.fd, header.body_len, position + HEADER.size)
-                return header.base_offset + codec.first_stamped_at_or_after(body, timestamp)
-            position += header.size
-        return None
+        with self._opened() as fd:
+            while position < self.size:
+                raw = os.pread(fd, HEADER.size, position)
+                header = parse_header(raw)
+                if header is None:
+                    return None
+                if header.store_ts >= timestamp:  # a merged record's earlier messages may be older
+                    if header.count == 1:
+                        return header.base_offset
+                    body = os.pread(fd, header.body_len, position + HEADER.size)
+                    return header.base_offset + codec.first_stamped_at_or_after(body, timestamp)
+                position += header.size
+            return None
 
     def truncate_at(self, offset: int) -> None:
         """Cut every record from the one holding ``offset`` on (a replica dropping a tail its
         group never had); the index is rebuilt by a scan, its file is stale and removed."""
-        position = 0
-        while position < self.size:
-            header = parse_header(os.pread(self.fd, HEADER.size, position))
-            if header is None or header.next_offset > offset:
-                break
-            position += header.size
-        os.ftruncate(self.fd, position)
-        os.fsync(self.fd)
-        self.index_path.unlink(missing_ok=True)
-        self.recover(verify_crc=False)
+        with self._opened() as fd:
+            position = 0
+            while position < self.size:
+                header = parse_header(os.pread(fd, HEADER.size, position))
+                if header is None or header.next_offset > offset:
+                    break
+                position += header.size
+            os.ftruncate(fd, position)
+            os.fsync(fd)
+            self.index_path.unlink(missing_ok=True)
+            self.recover(verify_crc=False)
 
     @property
     def producers_path(self) -> Path:
@@ -361,15 +450,18 @@ class Segment:
         """Yield ``(producer_hash, sequence, header)`` of records with a producer, in order: those
         compaction merged (kept aside), then those whose headers carry them."""
         yield from self._kept_producers()
-        position = 0
-        while position < self.size:
-            raw = os.pread(self.fd, HEADER.size, position)
-            header = parse_header(raw)
-            if header is None:
-                return
-            if header.producer_hash:
-                yield header.producer_hash, header.sequence, header
-            position += header.size
+        if not self.size:
+            return  # nothing to read, maybe no file
+        with self._opened() as fd:
+            position = 0
+            while position < self.size:
+                raw = os.pread(fd, HEADER.size, position)
+                header = parse_header(raw)
+                if header is None:
+                    return
+                if header.producer_hash:
+                    yield header.producer_hash, header.sequence, header
+                position += header.size
 
     def delete(self) -> None:
         self.close()

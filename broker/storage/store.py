@@ -26,6 +26,7 @@ from pathlib import Path
 
 from broker.persist import fsync_dir, make_durable_dir, read_json, write_failure_as_error, write_json_atomic
 from broker.storage.lost_writes import LostWrites
+from broker.storage.open_files import OpenFiles, budget_for_limit
 from broker.storage.queue_log import QueueLog
 from broker.storage.segment import CutReport
 from broker.wire import codec
@@ -59,6 +60,7 @@ class Store:
         index_interval_bytes: int = 4096,
         sync: bool = False,
         clock: Callable[[], int] = codec.now_ms,
+        open_files: int | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.segment_bytes = segment_bytes
@@ -72,6 +74,7 @@ class Store:
         self._queues: dict[tuple[str, int], QueueLog] = {}
         self._holding_back = False  # see hold_back
         self.lost_writes = LostWrites()  # a failed flush: nothing more is stored
+        self.open_files = OpenFiles(budget_for_limit() if open_files is None else open_files, self.lost_writes)
         self._secured = False  # every queue fsynced or cut back after lost writes
         for trash in self.data_dir.glob(".deleted-*"):  # deletes a crash interrupted, already committed
             shutil.rmtree(trash, ignore_errors=True)
@@ -93,6 +96,7 @@ class Store:
             clock=self.clock,
             data_dir=self.data_dir,
             lost_writes=self.lost_writes,
+            open_files=self.open_files,
         )
         if self._holding_back:
             queue.hold_back()

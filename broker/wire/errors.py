@@ -39,6 +39,8 @@ The broker raises these; ``to_status`` turns one into (code, message, kind) and
 
 from __future__ import annotations
 
+import errno
+
 import grpc
 
 __all__ = [
@@ -310,7 +312,21 @@ def to_status(exc: BaseException) -> tuple[grpc.StatusCode, str, str]:
     """(status code, message, error kind) for an exception raised while serving a request."""
     if isinstance(exc, OrderlyMQError):
         return exc.code, str(exc), type(exc).__name__
+    if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
+        return grpc.StatusCode.UNAVAILABLE, _out_of_files(exc.errno), BrokerUnavailableError.__name__
     return grpc.StatusCode.INTERNAL, f"internal broker error: {type(exc).__name__}: {exc}", "InternalBrokerError"
+
+
+def _out_of_files(code: int) -> str:
+    """What a broker that cannot open one more file tells its clients."""
+    if code == errno.ENFILE:
+        return ("the broker's host cannot open one more file (its system-wide table is full); close files there; "
+                "retrying is safe")
+    import resource  # the broker's own limit, read where the broker runs
+
+    limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return (f"the broker has all {limit} files it may open in use (RLIMIT_NOFILE): raise its limit (ulimit -n, or "
+            "LimitNOFILE in a systemd unit) and restart it, or close idle clients; retrying is safe")
 
 
 def status_metadata(exc: BaseException) -> tuple[tuple[str, str], ...]:

@@ -8,8 +8,10 @@ import threading
 import time
 
 import pyarrow as pa
+import pytest
 
 from broker.storage.queue_log import QueueLog
+from broker.storage.segment import SegmentClosedError
 from broker.wire import codec
 from broker.wire.one_message import encode_one
 from connector.client import Admin, Producer
@@ -156,3 +158,22 @@ def test_a_broker_merges_synchronous_sends_in_the_background(broker_factory, top
         history.extend_deliveries(stored_deliveries(conn, topic_name))
     verdict = history.check()
     assert verdict.ok and verdict.deliveries == 600, verdict
+
+
+def test_a_read_under_way_keeps_the_file_compaction_replaces(tmp_path):
+    """A read on a segment when compaction puts the merged file in its place goes on in the file it
+    began on; a read of that segment begun after is refused (``QueueLog.read`` then reads the
+    segments as they are now), and reads of the queue see every message as before."""
+    queue = _queue(tmp_path / "t" / "0")
+    _fill(queue, History(), 600)
+    before = _everything(queue)
+    old = queue.segments[0]
+    under_way = old.records_from(old.base_offset)
+    headers = [next(under_way)[0]]
+    assert queue.compact() > 0 and queue.segments[0] is not old
+    headers += [header for header, _ in under_way]
+    assert [h.base_offset for h in headers] == [old.base_offset] + [h.next_offset for h in headers[:-1]]
+    assert headers[-1].next_offset == old.next_offset and all(h.count <= 3 for h in headers)  # not merged
+    with pytest.raises(SegmentClosedError):
+        next(old.records_from(old.base_offset))
+    assert _everything(queue).equals(before)
