@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 
 import pytest
 
@@ -81,7 +82,8 @@ def _broker(fs: LazyMount, root, **settings) -> BrokerProcess:
     return proc
 
 
-def _stored_after_power_cut(fs: LazyMount, proc: BrokerProcess) -> list[tuple[str, int]]:
+def _stored_after_power_cut(fs: LazyMount, proc: BrokerProcess, topic: str = TOPIC,
+                            queues: int = QUEUES) -> list[tuple[str, int]]:
     """Cut the power (killing the broker if it still runs), mount what the disk kept, restart the
     broker on it: the ``(key, seq)`` it holds."""
     fs.power_cut(*([proc.pid] if proc.proc.poll() is None else []))
@@ -89,14 +91,15 @@ def _stored_after_power_cut(fs: LazyMount, proc: BrokerProcess) -> list[tuple[st
     fs.mount()
     proc.start()
     with BrokerConnection(proc.address) as conn:
-        return stored_keyed(conn, TOPIC, QUEUES)
+        return stored_keyed(conn, topic, queues)
 
 
-def _send_rounds(producer: Producer, acked: dict[str, int], rounds: int) -> Exception | None:
+def _send_rounds(producer: Producer, acked: dict[str, int], rounds: int, topic: str = TOPIC,
+                 keys: int = KEYS) -> Exception | None:
     """``rounds`` more sends of every key, one at a time; the error of the first that fails (it is
     not counted in ``acked``)."""
     try:
-        send_keyed_rounds(lambda key, body: producer.send(TOPIC, body, key=key), acked, rounds, KEYS)
+        send_keyed_rounds(lambda key, body: producer.send(topic, body, key=key), acked, rounds, keys)
     except Exception as exc:  # noqa: BLE001 - the broker refused or stopped: what was acked is judged
         return exc
     return None
@@ -133,6 +136,45 @@ def test_async_flush_stops_at_a_failed_fsync_and_leaves_no_hole(fs, tmp_path, fa
     assert kept_before.ok, f"sends flushed before the failed fsync were lost: {kept_before}"
     assert (verdict.duplicated, verdict.out_of_order, verdict.unexpected) == (0, 0, 0), str(verdict)
     assert verdict.lost <= acked_after, str(verdict)
+    assert resumed.ok and resumed.duplicated == 0, str(resumed)
+
+
+def test_async_flush_stops_at_a_failed_fsync_of_a_file_closed_for_room(fs, tmp_path, fault_report):
+    """More queues written within one flush interval than the broker may keep files open
+    (``broker.storage.open_files``): it fsyncs files early to close them. When such an fsync fails,
+    the broker stops as at a failed flush: everything acknowledged before the last flush is kept,
+    no hole is left, and the restarted broker continues each key."""
+    wide, queues, keys = "wide", 96, 384  # over a budget of 64 files (half the limit)
+    proc = broker_on(fs, tmp_path, wrapper=["prlimit", "--nofile=128:128"], flush="async",
+                     flush_interval_ms=FLUSH_MS)
+    acked: dict[str, int] = {}
+    try:
+        with Admin(proc.address) as admin:
+            admin.create_topic(wide, queues)
+        with Producer(proc.address, retry_timeout=5) as producer:
+            _send_rounds(producer, acked, 2, wide, keys)
+            before = dict(acked)
+            time.sleep(3 * FLUSH_MS / 1000)  # a whole flush since the last ack: every file fsynced
+            fs.fail_fsyncs(1)
+            assert wait_until(lambda: _send_rounds(producer, acked, 1, wide, keys), 60), "the broker went on"
+        assert proc.proc.wait(timeout=30) == 1
+        assert "to close it within the open-file budget) failed" in proc.log_text()
+        stored = _stored_after_power_cut(fs, proc, wide, queues)
+        survivors = {key: sum(1 for k, _ in stored if k == key) for key in acked}
+        with Producer(proc.address) as producer:
+            for key, n in survivors.items():
+                producer.send(wide, f"{key}:{n}", key=key)
+        with BrokerConnection(proc.address) as conn:
+            resumed = check_keyed({key: n + 1 for key, n in survivors.items()}, stored_keyed(conn, wide, queues))
+    finally:
+        proc.kill9()
+    verdict = check_keyed(acked, stored)
+    kept_before = check_keyed(before, [(key, seq) for key, seq in stored if seq < before[key]])
+    acked_after = sum(acked.values()) - sum(before.values())
+    fault_report("a failed fsync of a file closed for room", {"log": verdict},
+                 acked_before_failure=sum(before.values()), acked_after_failure=acked_after)
+    assert kept_before.ok, f"sends flushed before the failed fsync were lost: {kept_before}"
+    assert (verdict.duplicated, verdict.out_of_order, verdict.unexpected) == (0, 0, 0), str(verdict)
     assert resumed.ok and resumed.duplicated == 0, str(resumed)
 
 
