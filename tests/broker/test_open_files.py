@@ -65,6 +65,37 @@ def test_a_broker_at_its_open_file_limit_serves_more_queues_than_it_may_keep_ope
         assert broker.stop() == 0
 
 
+def test_more_clients_than_the_broker_may_open_files_for(tmp_path):
+    """160 producers connected at once to a broker that may open 128 files: the lean send port
+    cannot take the connections past the limit, each such producer sends over gRPC instead, and
+    every send is stored once and in order. Once they leave, the broker takes new clients."""
+    broker = broker_process(tmp_path / "data", wrapper=["prlimit", f"--nofile={LIMIT}:{LIMIT}"]).start()
+    clients: list[Producer] = []
+    sent: dict[str, int] = {}
+    try:
+        with Admin(broker.address) as admin:
+            admin.create_topic("t", 4)
+        clients += [Producer(broker.address, retry_timeout=30) for _ in range(160)]
+        for seq in range(2):
+            for i, producer in enumerate(clients):
+                producer.send("t", f"c{i}:{seq}", key=f"c{i}")
+                sent[f"c{i}"] = seq + 1
+        fds_at_most = _open_fds(broker.pid)
+        for producer in clients:
+            producer.close()
+        with Producer(broker.address, retry_timeout=30) as producer:
+            producer.send("t", "c0:2", key="c0")
+            sent["c0"] = 3
+        with BrokerConnection(broker.address) as conn:
+            verdict = check_keyed(sent, stored_keyed(conn, "t", 4))
+    finally:
+        for producer in clients:
+            producer.close()
+        assert broker.stop() == 0
+    assert fds_at_most >= LIMIT - 4  # the port's connections took (nearly) every file left
+    assert verdict.ok and verdict.duplicated == 0, str(verdict)
+
+
 def _open_queues(store: Store) -> set[int]:
     """The queues of topic ``t`` whose segment files this process has open."""
     links = set()
