@@ -35,8 +35,9 @@ def _open_fds(pid: int | str = "self") -> int:
 def test_a_broker_at_its_open_file_limit_serves_more_queues_than_it_may_keep_open(tmp_path):
     """192 queues of several segments each (a one-message record is about 1 KB), under a limit of
     128 open files: every keyed send is stored once and in order, each queue reads back from its
-    first segment between rounds of sends, and the broker still takes new connections. Without
-    the budget, a send past the limit failed with EMFILE ("internal broker error")."""
+    first segment between rounds of sends, the broker still takes new connections, and it restarts
+    after a kill -9 with everything. Without the budget, a send past the limit failed with EMFILE
+    ("internal broker error")."""
     limit = f"--nofile={LIMIT}:{LIMIT}"
     broker = broker_process(tmp_path / "data", wrapper=["prlimit", limit], segment_bytes=4096,
                             flush_interval_ms=50).start()
@@ -60,6 +61,10 @@ def test_a_broker_at_its_open_file_limit_serves_more_queues_than_it_may_keep_ope
         assert most_fds < LIMIT
         with Admin(broker.address) as admin:  # a new connection
             assert sorted(t.name for t in admin.list_topics()) == topics
+        broker.kill9()
+        broker.start()  # its recovery opens every segment, within the budget too
+        with BrokerConnection(broker.address) as conn:
+            assert {topic: stored_keyed(conn, topic, QUEUES) for topic in topics} == stored
         assert "Too many open files" not in broker.log_text()
     finally:
         assert broker.stop() == 0
