@@ -1,18 +1,17 @@
 """How many segment files a broker keeps open at once.
 
-Each queue's segments are opened on first use. Without a bound, a broker keeps one descriptor per
-segment it ever wrote or read, and once that reaches the process's open-file limit every send
-to a queue it has not opened yet fails with EMFILE, and so does every new client connection.
-That limit is 256 on macOS and 1,024 in many containers: 128 topics of 8 queues.
+Each queue's segments are opened on first use. Without a bound, a broker kept one descriptor per
+segment it ever wrote or read: once that reached the process's open-file limit, every send to a
+queue it had not opened yet failed with EMFILE, and so did every new client connection, and a
+restart could not even open the data dir. Limits are low in places: a container run with
+``--ulimit nofile=1024``, or macOS's soft limit of 256 where the broker cannot raise it.
 
-``OpenFiles`` closes the least recently used segment files once more than its budget are open, and
+``OpenFiles`` closes idle segment files once more than its budget (half the limit) are open, and
 the segment reopens its file at its next use. A file is closed only while no read or append
 uses it, and only once everything written to it was fsynced: a file closed before its fsync
 would lose a write error to a descriptor opened later, which Linux does not report to. Files
 already fsynced go first; with ``flush = "async"`` and more queues written within one flush
 interval than the budget, the others are fsynced early to be closed.
-Segments that retention or compaction retired (unlinked or replaced) are pinned open instead:
-their readers still need the file they started on, which their path no longer names.
 """
 
 from __future__ import annotations

@@ -575,12 +575,14 @@ class QueueLog:
                 return False
             old.index_path.unlink(missing_ok=True)  # describes the old file: a crash now rescans
             old.close()  # before its path names the new file: a read that had not begun reads the new segment
-            os.replace(side, old.path)
+            try:
+                os.replace(side, old.path)
+            finally:  # the merged file, or the old one where the replace failed
+                new = self._segment(old.base_offset, old.path)
+                new.recover(verify_crc=False)
+                self.segments[self.segments.index(old)] = new
             fsync_dir(self.directory)
-            new = self._segment(old.base_offset, old.path)
-            new.recover(verify_crc=False)
             new.write_index()
-            self.segments[self.segments.index(old)] = new
             return True
 
     def offset_for_timestamp(self, timestamp: int) -> int:

@@ -177,3 +177,14 @@ def test_a_read_under_way_keeps_the_file_compaction_replaces(tmp_path):
     with pytest.raises(SegmentClosedError):
         next(old.records_from(old.base_offset))
     assert _everything(queue).equals(before)
+
+
+def test_a_merged_file_that_cannot_take_the_place_of_its_segment_leaves_it_readable(tmp_path):
+    """The segment is closed before the merged file takes its path; when that rename fails, the
+    queue reads the old file again, every message as before."""
+    queue = _queue(tmp_path / "t" / "0")
+    _fill(queue, History(), 600)
+    before = _everything(queue)
+    with pytest.raises(FileNotFoundError):
+        queue._swap(queue.segments[0], tmp_path / "no-such-merged-file")
+    assert _everything(queue).equals(before)
