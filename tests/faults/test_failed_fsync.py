@@ -105,6 +105,30 @@ def _send_rounds(producer: Producer, acked: dict[str, int], rounds: int, topic: 
     return None
 
 
+def _judge_stop(fs: LazyMount, proc: BrokerProcess, acked: dict[str, int], before: dict[str, int], why: str,
+                fault_report, what: str, topic: str = TOPIC, queues: int = QUEUES) -> None:
+    """The broker stopped at a failed fsync (exit 1, ``why`` in its log). After a power cut it holds
+    everything acknowledged by ``before`` (taken after a whole flush), loses at most what was
+    acknowledged after, nothing twice or out of order; restarted, it continues each key."""
+    assert proc.proc.wait(timeout=30) == 1
+    assert why in proc.log_text()
+    stored = _stored_after_power_cut(fs, proc, topic, queues)
+    survivors = {key: sum(1 for k, _ in stored if k == key) for key in acked}
+    with Producer(proc.address) as producer:
+        for key, n in survivors.items():  # the restarted broker continues each key after what it kept
+            producer.send(topic, f"{key}:{n}", key=key)
+    with BrokerConnection(proc.address) as conn:
+        resumed = check_keyed({key: n + 1 for key, n in survivors.items()}, stored_keyed(conn, topic, queues))
+    verdict = check_keyed(acked, stored)
+    kept_before = check_keyed(before, [(key, seq) for key, seq in stored if seq < before[key]])
+    acked_after = sum(acked.values()) - sum(before.values())
+    fault_report(what, {"log": verdict}, acked_before_failure=sum(before.values()), acked_after_failure=acked_after)
+    assert kept_before.ok, f"sends flushed before the failed fsync were lost: {kept_before}"
+    assert (verdict.duplicated, verdict.out_of_order, verdict.unexpected) == (0, 0, 0), str(verdict)
+    assert verdict.lost <= acked_after, str(verdict)
+    assert resumed.ok and resumed.duplicated == 0, str(resumed)
+
+
 def test_async_flush_stops_at_a_failed_fsync_and_leaves_no_hole(fs, tmp_path, fault_report):
     proc = _broker(fs, tmp_path, flush="async", flush_interval_ms=FLUSH_MS)
     acked: dict[str, int] = {}
@@ -117,33 +141,15 @@ def test_async_flush_stops_at_a_failed_fsync_and_leaves_no_hole(fs, tmp_path, fa
             fs.fail_fsyncs(1)
             # On until the broker refuses: it stops at its next flush.
             assert wait_until(lambda: _send_rounds(producer, acked, 1), 60), "the broker went on"
-        assert proc.proc.wait(timeout=30) == 1
-        assert "stopped: an fsync of" in proc.log_text()
-        stored = _stored_after_power_cut(fs, proc)
-        survivors = {key: sum(1 for k, _ in stored if k == key) for key in acked}
-        with Producer(proc.address) as producer:
-            for key, n in survivors.items():  # the restarted broker continues each key after what it kept
-                producer.send(TOPIC, f"{key}:{n}", key=key)
-        with BrokerConnection(proc.address) as conn:
-            resumed = check_keyed({key: n + 1 for key, n in survivors.items()}, stored_keyed(conn, TOPIC, QUEUES))
+        _judge_stop(fs, proc, acked, before, "stopped: an fsync of", fault_report, "a failed fsync, async flush")
     finally:
         proc.kill9()
-    verdict = check_keyed(acked, stored)
-    kept_before = check_keyed(before, [(key, seq) for key, seq in stored if seq < before[key]])
-    acked_after = sum(acked.values()) - sum(before.values())
-    fault_report("a failed fsync, async flush", {"log": verdict}, acked_before_failure=sum(before.values()),
-                 acked_after_failure=acked_after)
-    assert kept_before.ok, f"sends flushed before the failed fsync were lost: {kept_before}"
-    assert (verdict.duplicated, verdict.out_of_order, verdict.unexpected) == (0, 0, 0), str(verdict)
-    assert verdict.lost <= acked_after, str(verdict)
-    assert resumed.ok and resumed.duplicated == 0, str(resumed)
 
 
 def test_async_flush_stops_at_a_failed_fsync_of_a_file_closed_for_room(fs, tmp_path, fault_report):
     """More queues written within one flush interval than the broker may keep files open
     (``broker.storage.open_files``): it fsyncs files early to close them. When such an fsync fails,
-    the broker stops as at a failed flush: everything acknowledged before the last flush is kept,
-    no hole is left, and the restarted broker continues each key."""
+    the broker stops as at a failed flush."""
     wide, queues, keys = "wide", 96, 384  # over a budget of 64 files (half the limit)
     proc = broker_on(fs, tmp_path, wrapper=["prlimit", "--nofile=128:128"], flush="async",
                      flush_interval_ms=FLUSH_MS)
@@ -157,25 +163,10 @@ def test_async_flush_stops_at_a_failed_fsync_of_a_file_closed_for_room(fs, tmp_p
             time.sleep(3 * FLUSH_MS / 1000)  # a whole flush since the last ack: every file fsynced
             fs.fail_fsyncs(1)
             assert wait_until(lambda: _send_rounds(producer, acked, 1, wide, keys), 60), "the broker went on"
-        assert proc.proc.wait(timeout=30) == 1
-        assert "to close it within the open-file budget) failed" in proc.log_text()
-        stored = _stored_after_power_cut(fs, proc, wide, queues)
-        survivors = {key: sum(1 for k, _ in stored if k == key) for key in acked}
-        with Producer(proc.address) as producer:
-            for key, n in survivors.items():
-                producer.send(wide, f"{key}:{n}", key=key)
-        with BrokerConnection(proc.address) as conn:
-            resumed = check_keyed({key: n + 1 for key, n in survivors.items()}, stored_keyed(conn, wide, queues))
+        _judge_stop(fs, proc, acked, before, "to close it within the open-file budget) failed", fault_report,
+                    "a failed fsync of a file closed for room", wide, queues)
     finally:
         proc.kill9()
-    verdict = check_keyed(acked, stored)
-    kept_before = check_keyed(before, [(key, seq) for key, seq in stored if seq < before[key]])
-    acked_after = sum(acked.values()) - sum(before.values())
-    fault_report("a failed fsync of a file closed for room", {"log": verdict},
-                 acked_before_failure=sum(before.values()), acked_after_failure=acked_after)
-    assert kept_before.ok, f"sends flushed before the failed fsync were lost: {kept_before}"
-    assert (verdict.duplicated, verdict.out_of_order, verdict.unexpected) == (0, 0, 0), str(verdict)
-    assert resumed.ok and resumed.duplicated == 0, str(resumed)
 
 
 def test_sync_flush_refuses_the_send_whose_fsync_failed_and_goes_on(fs, tmp_path, fault_report):
