@@ -41,8 +41,8 @@ class BrokerProcess:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         port_file = self.data_dir / ".port"
         port_file.unlink(missing_ok=True)
-        cmd = [*self.wrapper, sys.executable, "-m", "broker", "--data-dir", str(self.data_dir), "--port", str(self.port),
-               "--port-file", str(port_file), *self.args]
+        cmd = [*self.wrapper, sys.executable, "-m", "broker", "--data-dir", str(self.data_dir),
+               "--port", str(self.port), "--port-file", str(port_file), *self.args]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=self.code_dir,
                                          env=None if self.env is None else {**os.environ, **self.env})
