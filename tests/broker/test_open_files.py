@@ -25,6 +25,7 @@ from tests.faults.brokers import broker_process
 from tests.support import send_keyed_rounds, stored_keyed
 
 LIMIT = 128  # the broker's open-file limit: a budget of 64 segment files
+PRLIMIT = ["prlimit", f"--nofile={LIMIT}:{LIMIT}"]  # the broker runs under it
 TOPICS, QUEUES, KEYS = 3, 64, 384  # 192 queues, each of several segments
 
 
@@ -38,9 +39,7 @@ def test_a_broker_at_its_open_file_limit_serves_more_queues_than_it_may_keep_ope
     first segment between rounds of sends, the broker still takes new connections, and it restarts
     after a kill -9 with everything. Without the budget, a send past the limit failed with EMFILE
     ("internal broker error")."""
-    limit = f"--nofile={LIMIT}:{LIMIT}"
-    broker = broker_process(tmp_path / "data", wrapper=["prlimit", limit], segment_bytes=4096,
-                            flush_interval_ms=50).start()
+    broker = broker_process(tmp_path / "data", wrapper=PRLIMIT, segment_bytes=4096, flush_interval_ms=50).start()
     topics = [f"t{i}" for i in range(TOPICS)]
     try:
         with Admin(broker.address) as admin:
@@ -57,7 +56,7 @@ def test_a_broker_at_its_open_file_limit_serves_more_queues_than_it_may_keep_ope
                 stored = {topic: stored_keyed(conn, topic, QUEUES) for topic in topics}  # from offset 0
         for topic in topics:
             verdict = check_keyed(sent[topic], stored[topic])
-            assert verdict.ok, f"{topic}: {verdict}"
+            assert verdict.ok and verdict.duplicated == 0, f"{topic}: {verdict}"
         assert most_fds < LIMIT
         with Admin(broker.address) as admin:  # a new connection
             assert sorted(t.name for t in admin.list_topics()) == topics
@@ -74,7 +73,7 @@ def test_more_clients_than_the_broker_may_open_files_for(tmp_path):
     """160 producers connected at once to a broker that may open 128 files: the lean send port
     cannot take the connections past the limit, each such producer sends over gRPC instead, and
     every send is stored once and in order. Once they leave, the broker takes new clients."""
-    broker = broker_process(tmp_path / "data", wrapper=["prlimit", f"--nofile={LIMIT}:{LIMIT}"]).start()
+    broker = broker_process(tmp_path / "data", wrapper=PRLIMIT).start()
     clients: list[Producer] = []
     sent: dict[str, int] = {}
     try:
