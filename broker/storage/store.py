@@ -60,7 +60,7 @@ class Store:
         index_interval_bytes: int = 4096,
         sync: bool = False,
         clock: Callable[[], int] = codec.now_ms,
-        open_files: int | None = None,
+        open_files_budget: int | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.segment_bytes = segment_bytes
@@ -74,7 +74,8 @@ class Store:
         self._queues: dict[tuple[str, int], QueueLog] = {}
         self._holding_back = False  # see hold_back
         self.lost_writes = LostWrites()  # a failed flush: nothing more is stored
-        self.open_files = OpenFiles(budget_for_limit() if open_files is None else open_files, self.lost_writes)
+        budget = budget_for_limit() if open_files_budget is None else open_files_budget
+        self.open_files = OpenFiles(budget, self.lost_writes)
         self._secured = False  # every queue fsynced or cut back after lost writes
         for trash in self.data_dir.glob(".deleted-*"):  # deletes a crash interrupted, already committed
             shutil.rmtree(trash, ignore_errors=True)

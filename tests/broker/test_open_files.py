@@ -112,7 +112,7 @@ def _open_queues(store: Store) -> set[int]:
 def test_room_is_made_from_fsynced_then_unused_files_and_others_are_fsynced_to_close(tmp_path):
     """Past the budget (4 here), files close down to nine tenths of it: fsynced ones first, then
     ones not used since room was last made, after an fsync. A closed file reopens at its next use."""
-    store = Store(tmp_path, sync=False, open_files=4)
+    store = Store(tmp_path, sync=False, open_files_budget=4)
     store.create_topic("t", 5, False)
     queues = [store.queue("t", q) for q in range(5)]
     sent = {q: 0 for q in range(5)}
@@ -139,7 +139,7 @@ def test_a_closed_segment_keeps_its_file_for_the_reads_already_on_it(tmp_path):
     """Retention deletes a segment while a read is on it: that read goes on in the file it began
     on, which is closed when it ends; a read that begins after the delete is refused (the queue
     then reads its segments as they are now)."""
-    store = Store(tmp_path, sync=False, open_files=1, segment_bytes=300)
+    store = Store(tmp_path, sync=False, open_files_budget=1, segment_bytes=300)
     store.create_topic("t", 1, False)
     queue = store.queue("t", 0)
     for _ in range(4):

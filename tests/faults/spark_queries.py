@@ -56,7 +56,6 @@ def visible(conn: BrokerConnection, topic: str) -> int:
                for q in range(count))
 
 
-
 @dataclass
 class CopyRun:
     """A copy query from the start of ``source``, fed by the fault profile's keyed producers, and a
