@@ -26,10 +26,7 @@ from broker.wire.errors import BadBatchError
 __all__ = ["decode_one", "encode_one"]
 
 _I64 = struct.Struct("<q")
-_PAIR = struct.Struct("<qq")
 _PREFIX = struct.Struct("<Ii")  # continuation marker, metadata length
-_EMPTY_OFFSETS = struct.pack("<i", 0)
-_NULL_ROW = b"\x00"  # a validity bitmap whose one row is null
 _PAD = [b"\x00" * n for n in range(8)]
 
 
@@ -67,15 +64,42 @@ _METADATA, _BODY_LENGTH_AT, _NODES_AT, _BUFFERS_AT = _template()
 _MESSAGE_PREFIX = _PREFIX.pack(0xFFFFFFFF, len(_METADATA))
 
 
+def _head_struct() -> tuple[struct.Struct, list[bytes]]:
+    """Schema, message prefix and metadata in one ``struct``: the template's fixed bytes around its
+    body length (q), 20 buffer spans (40q) and 8 field nodes (16q), in the order pyarrow writes them."""
+    fields = [(_BODY_LENGTH_AT, 8, "q"), (_BUFFERS_AT, 320, "40q"), (_NODES_AT, 128, "16q")]
+    if sorted(fields) != fields:  # a pyarrow that writes another layout: found by the tests
+        raise RuntimeError("unexpected one-row batch metadata: body length, buffers and nodes in another order")
+    fmt, fixed, at = "<", [codec.MESSAGE_SCHEMA_IPC + _MESSAGE_PREFIX], 0
+    for start, size, code in fields:
+        fixed[-1] += _METADATA[at:start]
+        fmt += f"{len(fixed[-1])}s{code}"
+        fixed.append(b"")
+        at = start + size
+    fixed[-1] = _METADATA[at:]
+    fmt += f"{len(fixed[-1])}s"
+    return struct.Struct(fmt), fixed
+
+
+_HEAD, (_FIXED_0, _FIXED_1, _FIXED_2, _FIXED_3) = _head_struct()
 _I32_PAIR = struct.Struct("<ii")
-_NULL_OFFSETS = b"\x00" * 8  # a null row's string offsets: 0, 0
+_NULL_STRING = b"\x00" * 16  # a null string row: its validity bitmap padded to 8 bytes, offsets 0, 0
+_NULL_MAP = b"\x00" * 32  # a null map row: validity, offsets 0, 0, empty keys' and values' offsets (0)
+_EMPTY_MAP = b"\x00" * 24  # an empty map row: offsets 0, 0, empty keys' and values' offsets
 
 
-def _string_buffers(value: bytes | None) -> tuple[bytes, bytes, bytes]:
-    """Validity, offsets and data of a one-row string column (no bitmap when the row is not null)."""
+def _string_column(value: bytes | None, at: int, parts: list, spans: list) -> int:
+    """Add a one-row string column's validity, offsets and data at ``at``; returns where it ends.
+    Every buffer starts at a multiple of 8 bytes, as pyarrow lays them out."""
     if value is None:
-        return _NULL_ROW, _NULL_OFFSETS, b""
-    return b"", _I32_PAIR.pack(0, len(value)), value
+        parts.append(_NULL_STRING)
+        spans += (at, 1, at + 8, 8, at + 16, 0)
+        return at + 16
+    size = len(value)
+    pad = -size % 8
+    parts += (_I32_PAIR.pack(0, size), value, _PAD[pad])
+    spans += (at, 0, at, 8, at + 8, size)
+    return at + 8 + size + pad
 
 
 def _offsets(values: list[bytes]) -> bytes:
@@ -86,15 +110,28 @@ def _offsets(values: list[bytes]) -> bytes:
     return struct.pack(f"<{len(offsets)}i", *offsets)
 
 
-def _map_buffers(entries: list[tuple[bytes, bytes]] | None) -> list[bytes]:
-    """The 9 buffers of a one-row map column: map validity and offsets, the entries' validity,
+def _map_column(entries: list[tuple[bytes, bytes]] | None, at: int, parts: list, spans: list) -> int:
+    """Add the 9 buffers of a one-row map column: map validity and offsets, the entries' validity,
     then validity, offsets and data of the keys and of the values."""
     if not entries:
-        empty = [b"", _EMPTY_OFFSETS, b""]
-        return [_NULL_ROW if entries is None else b"", _NULL_OFFSETS, b"", *empty, *empty]
-    keys, values = [k for k, _ in entries], [v for _, v in entries]
-    return [b"", _I32_PAIR.pack(0, len(entries)), b"", b"", _offsets(keys), b"".join(keys), b"", _offsets(values),
-            b"".join(values)]
+        null = entries is None
+        parts.append(_NULL_MAP if null else _EMPTY_MAP)
+        at, start = at + 8 * null, at
+        spans += (start, int(null), at, 8, at + 8, 0, at + 8, 0, at + 8, 4, at + 16, 0, at + 16, 0, at + 16, 4,
+                  at + 24, 0)
+        return at + 24
+    parts.append(_I32_PAIR.pack(0, len(entries)))
+    spans += (at, 0, at, 8, at + 8, 0)
+    at += 8
+    for column in ([k for k, _ in entries], [v for _, v in entries]):
+        spans += (at, 0)
+        for data in (_offsets(column), b"".join(column)):
+            size = len(data)
+            pad = -size % 8
+            spans += (at, size)
+            parts += (data, _PAD[pad])
+            at += size + pad
+    return at
 
 
 def _utf8(value: str, what: str) -> bytes:
@@ -107,6 +144,8 @@ def _utf8(value: str, what: str) -> bytes:
 def _key_bytes(key: Any) -> bytes | None:
     if key is None:
         return None
+    if type(key) is str:  # the usual case, quickest
+        return _utf8(key, "the key")
     if isinstance(key, bytes | bytearray | memoryview):
         try:
             bytes(key).decode("utf-8")
@@ -122,34 +161,27 @@ def encode_one(row: Mapping[str, Any]) -> bytes:
     body = row.get("body")
     if body is None:
         raise BadBatchError("message 0 has no body")
+    if type(body) is not bytes:
+        body = body.encode("utf-8") if isinstance(body, str) else bytes(body)
     key, tag, props, born = _key_bytes(row.get("key")), row.get("tag"), row.get("properties"), row.get("born_timestamp")
     tag = None if tag is None else _utf8(tag, "the tag")
     entries = None if props is None else [
         (_utf8(str(k), "a property key"), _utf8(str(v), "a property value")) for k, v in props.items()]
-    n = len(entries) if entries else 0
     try:
         stamp = _I64.pack(codec.now_ms() if born is None else born)
     except struct.error:
         raise BadBatchError(f"born_timestamp {born!r} is not a 64-bit integer of milliseconds") from None
-    buffers = [*_string_buffers(key), *_string_buffers(tag),
-               *_string_buffers(body.encode("utf-8") if isinstance(body, str) else bytes(body)),
-               *_map_buffers(entries), b"", stamp]
-    nodes = (1, key is None, 1, tag is None, 1, 0, 1, entries is None, n, 0, n, 0, n, 0, 1, 0)
-    spans, parts, size = [], [], 0
-    for data in buffers:  # each buffer padded to 8 bytes, as pyarrow lays them out
-        length = len(data)
-        spans += (size, length)
-        if length:
-            parts.append(data)
-            pad = -length % 8
-            if pad:
-                parts.append(_PAD[pad])
-            size += length + pad
-    metadata = bytearray(_METADATA)
-    _I64.pack_into(metadata, _BODY_LENGTH_AT, size)
-    struct.pack_into("<16q", metadata, _NODES_AT, *nodes)
-    struct.pack_into("<40q", metadata, _BUFFERS_AT, *spans)
-    return b"".join([codec.MESSAGE_SCHEMA_IPC, _MESSAGE_PREFIX, metadata, *parts, codec.END_OF_STREAM])
+    parts: list[bytes] = []
+    spans: list[int] = []
+    at = _string_column(key, 0, parts, spans)
+    at = _string_column(tag, at, parts, spans)
+    at = _string_column(body, at, parts, spans)
+    at = _map_column(entries, at, parts, spans)
+    spans += (at, 0, at, 8)  # the born timestamp: no validity bitmap, 8 bytes
+    n = len(entries) if entries else 0
+    head = _HEAD.pack(_FIXED_0, at + 8, _FIXED_1, *spans, _FIXED_2, 1, key is None, 1, tag is None, 1, 0, 1,
+                      entries is None, n, 0, n, 0, n, 0, 1, 0, _FIXED_3)
+    return b"".join([head, *parts, stamp, codec.END_OF_STREAM])
 
 
 _META_START = len(codec.MESSAGE_SCHEMA_IPC) + _PREFIX.size
