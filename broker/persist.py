@@ -20,7 +20,7 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -66,21 +66,34 @@ def disk_full_error(data_dir: Path | str, what: str, cause: str = "No space left
     )
 
 
-@contextlib.contextmanager
-def write_failure_as_error(data_dir: Path | str, what: str) -> Iterator[None]:
+def write_failure_as_error(data_dir: Path | str, what: str) -> _WriteFailureAsError:
     """Raise ``disk_full_error(data_dir, what)`` for an ENOSPC or EDQUOT ``OSError`` in the block,
     and a ``BrokerUnavailableError`` (clients send again) for an EIO or EROFS one; other errors pass
     unchanged. The block must leave nothing half-done when it raises."""
-    try:
-        yield
-    except OSError as exc:
+    return _WriteFailureAsError(data_dir, what)
+
+
+class _WriteFailureAsError:
+    """``write_failure_as_error``'s block: a class, not a generator, as every append enters one."""
+
+    __slots__ = ("data_dir", "what")
+
+    def __init__(self, data_dir: Path | str, what: str) -> None:
+        self.data_dir, self.what = data_dir, what
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, exc, traceback) -> bool:
+        if not isinstance(exc, OSError):
+            return False
         if is_disk_full(exc):
-            raise disk_full_error(data_dir, what, os.strerror(exc.errno)) from exc
+            raise disk_full_error(self.data_dir, self.what, os.strerror(exc.errno)) from exc
         if exc.errno not in _REFUSED:
-            raise
-        log.error("data dir %s: could not %s: %s", data_dir, what, os.strerror(exc.errno))
+            return False
+        log.error("data dir %s: could not %s: %s", self.data_dir, self.what, os.strerror(exc.errno))
         raise BrokerUnavailableError(
-            f"could not {what}: the disk of the broker's data dir {data_dir} refused the write "
+            f"could not {self.what}: the disk of the broker's data dir {self.data_dir} refused the write "
             f"({os.strerror(exc.errno)}); nothing of it was stored. Check that disk; sending again is safe"
         ) from exc
 

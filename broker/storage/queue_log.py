@@ -23,7 +23,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 import pyarrow as pa
 
@@ -38,7 +38,7 @@ from broker.storage.record import (
     RecordHeader,
     body_parts,
     frame,
-    header_for,
+    new_header,
     parse_header,
     producer_hash,
 )
@@ -56,8 +56,7 @@ _MAX_PRODUCERS = 10_000  # idempotence state kept per queue (least recently used
 _MAX_RESULTS_PER_PRODUCER = compaction.PRODUCER_RESULTS
 
 
-@dataclass(frozen=True)
-class AppendResult:
+class AppendResult(NamedTuple):  # a tuple: built on every append, where a frozen dataclass costs more
     base_offset: int
     count: int
     store_timestamp: int
@@ -230,8 +229,7 @@ class QueueLog:
             active = self.segments[-1]
             base = active.next_offset
             store_ts = max(self.clock(), active.last_store_ts)
-            head = header_for(body, base, count, store_ts, phash, sequence)
-            header = parse_header(head)
+            head, header = new_header(body, base, count, store_ts, phash, sequence)
             with write_failure_as_error(self.data_dir, f"store {count} message(s) in queue {self._name}"):
                 if active.size and active.size + header.size > self.segment_bytes:
                     active = self._roll()

@@ -17,23 +17,23 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import crc32c
 import xxhash
 
-__all__ = ["HEADER", "MAGIC", "Body", "RecordHeader", "body_parts", "frame", "header_for", "parse_header",
-           "producer_hash", "verify"]
+__all__ = ["HEADER", "MAGIC", "Body", "RecordHeader", "body_parts", "frame", "header_for", "new_header",
+           "parse_header", "producer_hash", "verify"]
 
 MAGIC = 0x314D514F  # "OQM1"
 HEADER = struct.Struct("<IIIqiqQq")
+_HEAD, _TAIL = struct.Struct("<III"), struct.Struct("<qiqQq")  # the header's two parts: the crc covers the second
 _CRC_FROM = 12  # the crc covers everything after magic, body_len and crc
 
 Body = bytes | memoryview | Sequence[bytes | memoryview]  # a record's body, or the parts that concatenate to it
 
 
-@dataclass(frozen=True)
-class RecordHeader:
+class RecordHeader(NamedTuple):  # a tuple: built on every append, where a frozen dataclass costs 1 µs more
     body_len: int
     crc: int
     base_offset: int
@@ -60,11 +60,18 @@ def header_for(body: Body, base_offset: int, count: int, store_ts: int, phash: i
                sequence: int = -1) -> bytes:
     """The header of a record holding ``body`` (bytes, or the parts that concatenate to them):
     written before it, the body needs no copy."""
-    tail = struct.pack("<qiqQq", base_offset, count, store_ts, phash, sequence)
+    return new_header(body, base_offset, count, store_ts, phash, sequence)[0]
+
+
+def new_header(body: Body, base_offset: int, count: int, store_ts: int, phash: int = 0,
+               sequence: int = -1) -> tuple[bytes, RecordHeader]:
+    """``header_for``'s bytes and the header they hold."""
+    tail = _TAIL.pack(base_offset, count, store_ts, phash, sequence)
     crc, length = crc32c.crc32c(tail), 0
     for part in body_parts(body):
         crc, length = crc32c.crc32c(part, crc), length + len(part)
-    return struct.pack("<III", MAGIC, length, crc) + tail
+    return (_HEAD.pack(MAGIC, length, crc) + tail,
+            RecordHeader(length, crc, base_offset, count, store_ts, phash, sequence))
 
 
 def body_parts(body: Body) -> Sequence[bytes | memoryview]:
