@@ -47,6 +47,8 @@ _RETRY_AFTER_S = 5.0  # a missing or failing send port is looked up again after 
 _ANSWER_TIMEOUT_S = 15.0
 _POLL_MS = 1000  # how often a stream waiting for an answer looks at the clock
 _MAX_IDLE = 8  # connections kept for reuse
+_JOINED_BYTES = 64 * 1024  # a request up to this size is joined into one write; bigger ones are not copied
+_ANSWER_BUFFER_BYTES = 4096  # what a connection reads answers into (a bigger answer gets a bigger one)
 
 
 class SendPortFailure(Exception):
@@ -63,21 +65,12 @@ class _Link:
     def __init__(self, host: str, port: int, timeout: float) -> None:
         self.sock = open_lean(host, port, timeout)
         self.timeout = timeout
+        self._buffer = bytearray(_ANSWER_BUFFER_BYTES)
         try:
             check_hello(self.sock)
         except BaseException:
             self.sock.close()
             raise
-
-    def _read(self, size: int) -> bytearray:
-        """At least ``size`` bytes: one answer is outstanding at most, so never part of the next."""
-        data = bytearray()
-        while len(data) < size:
-            chunk = self.sock.recv(65536)
-            if not chunk:
-                raise ConnectionError("the broker closed the lean port connection")
-            data += chunk
-        return data
 
     def round_trip(self, parts: Sequence, timeout: float) -> bytes:
         """Send the request whose bytes are ``parts`` joined, and return its answer."""
@@ -85,12 +78,32 @@ class _Link:
         if timeout < self.timeout or timeout > self.timeout + 1.0:  # a little early is fine, late is not
             self.sock.settimeout(timeout)
             self.timeout = timeout
-        write_parts(self.sock, [LENGTH.pack(sum(len(part) for part in parts)), *parts])
-        data = self._read(LENGTH.size)
-        end = LENGTH.size + LENGTH.unpack_from(data)[0]
-        if len(data) < end:
-            data += self._read(end - len(data))
-        return bytes(data[LENGTH.size:end])
+        size = sum(len(part) for part in parts)
+        if size <= _JOINED_BYTES:  # a one-message send: copied once into one write
+            self.sock.sendall(b"".join([LENGTH.pack(size), *parts]))
+        else:
+            write_parts(self.sock, [LENGTH.pack(size), *parts])
+        return self._answer()
+
+    def _answer(self) -> bytes:
+        """The next answer: one is outstanding at most, so what arrives is never part of the next."""
+        buffer, got = self._buffer, 0
+        while got < LENGTH.size:
+            got += self._receive(buffer, got)
+        end = LENGTH.size + LENGTH.unpack_from(buffer)[0]
+        if end > len(buffer):  # bigger than the kept buffer (a long error message): one of its own
+            buffer = buffer[:got] + bytearray(end - got)
+        while got < end:
+            got += self._receive(buffer, got)
+        with memoryview(buffer) as view:
+            return bytes(view[LENGTH.size:end])
+
+    def _receive(self, buffer: bytearray, at: int) -> int:
+        with memoryview(buffer) as view:
+            read = self.sock.recv_into(view[at:])
+        if not read:
+            raise ConnectionError("the broker closed the lean port connection")
+        return read
 
     def close(self) -> None:
         self.sock.close()
