@@ -173,10 +173,11 @@ class _SendConnection(FramedConnection):
         self._worker = None
 
     def _answer(self, answer: pb.SendResponse, started: float) -> None:
-        code = _STATUS_NAMES.get(answer.error_code, "UNKNOWN") if answer.error_code else None
-        self._sends.metrics.rpc_done("SendPort", started, code)
         payload = answer.SerializeToString()
         self._conn.write(LENGTH.pack(len(payload)) + payload)
+        # Counted once the answer is on its way: the client waits for nothing the broker does after.
+        code = _STATUS_NAMES.get(answer.error_code, "UNKNOWN") if answer.error_code else None
+        self._sends.metrics.rpc_done("SendPort", started, code)
         if self._closing and not self._queued:
             self._conn.close()
 

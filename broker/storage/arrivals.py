@@ -46,7 +46,8 @@ class Arrivals(threading.Condition):
 
     def notify_all(self) -> None:
         """Wake the threads waiting on the condition (the caller holds its lock) and every future."""
-        super().notify_all()
+        if self._waiters:  # none, as a rule: every append calls this, and Condition's own check costs a µs
+            super().notify_all()
         if not self._futures:  # the common case, read without the lock: a registration racing
             return  # this call re-checks the queue's end after registering
         with self._futures_lock:
