@@ -21,11 +21,11 @@ from broker.wire.errors import BrokerUnavailableError, to_status
 from connector.client import Admin, Producer
 from connector.client.connection import BrokerConnection
 from connector.history import check_keyed
-from tests.faults.brokers import broker_process
+from tests.faults.brokers import broker_process, open_file_limit
 from tests.support import send_keyed_rounds, stored_keyed
 
 LIMIT = 128  # the broker's open-file limit: a budget of 64 segment files
-PRLIMIT = ["prlimit", f"--nofile={LIMIT}:{LIMIT}"]  # the broker runs under it
+PRLIMIT = open_file_limit(LIMIT)  # the broker runs under it
 TOPICS, QUEUES, KEYS = 3, 64, 384  # 192 queues, each of several segments
 
 

@@ -8,7 +8,12 @@ from pathlib import Path
 from broker.config import BrokerConfig
 from broker.launcher import BrokerProcess
 
-__all__ = ["broker_process"]
+__all__ = ["broker_process", "open_file_limit"]
+
+
+def open_file_limit(files: int) -> list[str]:
+    """A ``wrapper`` that runs the broker with at most ``files`` open files (util-linux's ``prlimit``)."""
+    return ["prlimit", f"--nofile={files}:{files}"]
 
 
 def _toml_value(value) -> str:

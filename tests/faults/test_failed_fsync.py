@@ -27,6 +27,7 @@ from connector.client.connection import BrokerConnection
 from connector.client.transaction import Transaction
 from connector.errors import BrokerUnavailableError
 from connector.history import check_keyed
+from tests.faults.brokers import open_file_limit
 from tests.faults.lazymount import LazyMount, fuse_missing
 from tests.faults.power_loss import broker_on
 from tests.support import send_keyed_rounds, stored_keyed, wait_until
@@ -151,7 +152,7 @@ def test_async_flush_stops_at_a_failed_fsync_of_a_file_closed_for_room(fs, tmp_p
     the broker stops as at a failed flush. The flush interval is longer than the scenario, so
     that the failed fsync is one of those; a clean restart makes the first sends durable."""
     wide, queues, keys = "wide", 96, 384  # over a budget of 64 files (half the limit)
-    proc = broker_on(fs, tmp_path, wrapper=["prlimit", "--nofile=128:128"], flush="async",
+    proc = broker_on(fs, tmp_path, wrapper=open_file_limit(128), flush="async",
                      flush_interval_ms=600_000)
     acked: dict[str, int] = {}
     try:
