@@ -70,14 +70,14 @@ def _head_struct() -> tuple[struct.Struct, list[bytes]]:
     fields = [(_BODY_LENGTH_AT, 8, "q"), (_BUFFERS_AT, 320, "40q"), (_NODES_AT, 128, "16q")]
     if sorted(fields) != fields:  # a pyarrow that writes another layout: found by the tests
         raise RuntimeError("unexpected one-row batch metadata: body length, buffers and nodes in another order")
-    fmt, fixed, at = "<", [codec.MESSAGE_SCHEMA_IPC + _MESSAGE_PREFIX], 0
+    fixed, codes, at = [], [], 0
     for start, size, code in fields:
-        fixed[-1] += _METADATA[at:start]
-        fmt += f"{len(fixed[-1])}s{code}"
-        fixed.append(b"")
+        fixed.append(_METADATA[at:start])
+        codes.append(code)
         at = start + size
-    fixed[-1] = _METADATA[at:]
-    fmt += f"{len(fixed[-1])}s"
+    fixed.append(_METADATA[at:])
+    fixed[0] = codec.MESSAGE_SCHEMA_IPC + _MESSAGE_PREFIX + fixed[0]
+    fmt = "<" + "".join(f"{len(part)}s{code}" for part, code in zip(fixed, [*codes, ""], strict=True))
     return struct.Struct(fmt), fixed
 
 
