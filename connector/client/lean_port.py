@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import os
 import socket
+import struct
 from collections.abc import Sequence
 
 from broker.proto import orderlymq_pb2 as pb
 from broker.wire.frames import HELLO_SIZE, SENDS, VERSION, hello, parse_hello
 from connector.client.connection import BrokerConnection
 
-__all__ = ["WrongVersionError", "check_hello", "lean_port_of", "open_lean", "read_exactly", "write_parts"]
+__all__ = ["WrongVersionError", "check_hello", "lean_port_of", "limit_waits", "open_lean", "read_exactly",
+           "write_parts"]
 
 _HEALTH_TIMEOUT_S = 2.0
 _IOV_MAX = os.sysconf("SC_IOV_MAX")  # the parts one sendmsg takes
+_TIMEVAL = struct.Struct("@ll")  # struct timeval: seconds, microseconds
 
 
 def lean_port_of(conn: BrokerConnection) -> int:
@@ -47,6 +50,18 @@ def check_hello(sock: socket.socket, carries: int = SENDS) -> None:
     if greeting != (VERSION, carries):
         raise WrongVersionError(f"the broker's lean port answered the hello {greeting} (version, kind), not "
                                 f"{(VERSION, carries)}: a broker of another version")
+
+
+def limit_waits(sock: socket.socket, timeout: float) -> None:
+    """Make ``sock`` blocking, with each send and receive ended by the kernel after ``timeout``
+    seconds (``SO_SNDTIMEO``, ``SO_RCVTIMEO``; it then raises ``BlockingIOError``). A socket with
+    Python's own timeout polls before each of them: two more system calls per round trip, each a
+    hand-over of the GIL, which threads sending side by side wait for."""
+    seconds = int(timeout)
+    wait = _TIMEVAL.pack(seconds, max(int((timeout - seconds) * 1e6), 0 if seconds else 1))  # 0: no limit
+    sock.settimeout(None)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, wait)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, wait)
 
 
 class WrongVersionError(OSError):

@@ -18,7 +18,7 @@ from broker.wire.errors import InternalBrokerError
 from broker.wire.frames import LENGTH, PULLS
 from broker.wire.pull_response import PullReply, decode_pull_response
 from connector.client.connection import BrokerConnection
-from connector.client.lean_port import check_hello, lean_port_of, open_lean, read_exactly
+from connector.client.lean_port import check_hello, lean_port_of, limit_waits, open_lean, read_exactly
 
 __all__ = ["PullLink", "PullPortFailure", "open_pull_link"]
 
@@ -44,8 +44,10 @@ class PullLink:
 
     def __init__(self, host: str, port: int, timeout: float) -> None:
         self._sock = open_lean(host, port, timeout, PULLS)
+        self._timeout = timeout
         try:
             check_hello(self._sock, PULLS)
+            limit_waits(self._sock, timeout)
         except BaseException:
             self._sock.close()
             raise
@@ -74,6 +76,8 @@ class PullLink:
         try:
             (size,) = LENGTH.unpack(read_exactly(self._sock, LENGTH.size))
             return read_exactly(self._sock, size)
+        except BlockingIOError:  # the kernel's timeout (limit_waits)
+            raise PullPortFailure(f"the broker did not answer a pull within {self._timeout:.3g} s") from None
         except OSError as exc:
             raise PullPortFailure(f"reading a pull's answer failed: {exc}") from None
 

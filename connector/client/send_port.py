@@ -33,6 +33,7 @@ from connector.client.lean_port import (
     WrongVersionError,
     check_hello,
     lean_port_of,
+    limit_waits,
     open_lean,
     read_exactly,
     write_parts,
@@ -64,20 +65,27 @@ class _Link:
 
     def __init__(self, host: str, port: int, timeout: float) -> None:
         self.sock = open_lean(host, port, timeout)
-        self.timeout = timeout
         self._buffer = bytearray(_ANSWER_BUFFER_BYTES)
         try:
             check_hello(self.sock)
+            limit_waits(self.sock, timeout)
         except BaseException:
             self.sock.close()
             raise
+        self.timeout = timeout
 
     def round_trip(self, parts: Sequence, timeout: float) -> bytes:
         """Send the request whose bytes are ``parts`` joined, and return its answer."""
         timeout = min(timeout, _ANSWER_TIMEOUT_S)
         if timeout < self.timeout or timeout > self.timeout + 1.0:  # a little early is fine, late is not
-            self.sock.settimeout(timeout)
+            limit_waits(self.sock, timeout)
             self.timeout = timeout
+        try:
+            return self._round_trip(parts)
+        except BlockingIOError:  # what a blocking socket's kernel timeout raises
+            raise TimeoutError(f"the broker did not take or answer the request within {self.timeout:.3g} s") from None
+
+    def _round_trip(self, parts: Sequence) -> bytes:
         size = sum(len(part) for part in parts)
         if size <= _JOINED_BYTES:  # a one-message send: copied once into one write
             self.sock.sendall(b"".join([LENGTH.pack(size), *parts]))

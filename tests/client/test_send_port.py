@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from broker.launcher import BrokerProcess
+from broker.proto import orderlymq_pb2 as pb
+from broker.wire.one_message import encode_one
 from broker.wire.tls import TlsOptions
 from connector.client import Admin, Producer
 from connector.client.connection import BrokerConnection
@@ -125,6 +127,31 @@ def test_a_sync_send_cut_off_by_a_freeze_is_unknown_then_settled_once(tmp_path, 
             history.sent("k", 2, acked=True)
         verdict = _verdict(proc.address, topic_name, history)
         assert verdict.ok and verdict.deliveries == 3, verdict
+    finally:
+        proc.kill9()
+
+
+@pytest.mark.parametrize("timeout", [0.3, 1.5])
+def test_a_round_trip_to_a_frozen_broker_ends_at_its_timeout(tmp_path, topic_name, timeout):
+    """The link's waits are the kernel's (a blocking socket with SO_RCVTIMEO): an answer that does
+    not come ends the round trip with a TimeoutError, not a hang, whether under a second or over."""
+    from connector.client.send_port import _Link
+
+    proc = BrokerProcess(tmp_path / "data").start()
+    try:
+        Admin(proc.address).create_topic(topic_name, 1)
+        with BrokerConnection(proc.address) as conn:
+            host, port = SendPortClient(conn).address()
+        link = _Link(host, port, 10.0)
+        request = pb.SendRequest(topic=topic_name, queue_id=0, batch=encode_one({"key": "k", "body": body("k", 0)}))
+        assert pb.SendResponse.FromString(link.round_trip([request.SerializeToString()], 10.0)).base_offset == 0
+        _freeze(proc.pid)
+        try:
+            with pytest.raises(TimeoutError, match=f"did not take or answer the request within {timeout:.3g} s"):
+                link.round_trip([request.SerializeToString()], timeout)
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+        link.close()
     finally:
         proc.kill9()
 
