@@ -145,6 +145,8 @@ class _Partition:
     in_flight: int = 0
     urgent: bool = False
     direct: bool = False  # a send on the send port is out: nothing else of the queue leaves meanwhile
+    turn: threading.Condition | None = None  # where other threads' sends wait for the direct one to end
+    waiting: int = 0  # how many do
 
 
 class PipelinedSender:
@@ -307,6 +309,8 @@ class PipelinedSender:
             partition = self._partitions.get(key)
             if partition is None:
                 partition = self._partitions[key] = _Partition()
+            if partition.direct and not partition.pending:
+                self._await_turn(partition, deadline)
             if partition.pending or partition.in_flight:
                 return None
             sequence = partition.next_sequence
@@ -332,10 +336,35 @@ class PipelinedSender:
             raise error
         return SendResult(topic, queue_id, response.base_offset, response.store_timestamp, response.duplicate)
 
+    def _await_turn(self, partition: _Partition, deadline: float) -> None:
+        """Under the lock: wait while another thread's send of the queue is out on the send port (one
+        at a time, so that the broker gets a queue's sequence numbers in order). Taking the port
+        after it costs this send one wake-up; the stream would cost it four threads' hand-overs."""
+        if partition.turn is None:
+            partition.turn = threading.Condition(self._lock)
+        partition.waiting += 1
+        try:
+            while partition.direct and not partition.pending and not self._closed:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return  # the stream's path fails it by its deadline
+                partition.turn.wait(left)
+        finally:
+            partition.waiting -= 1
+        if self._closed:
+            raise OrderlyMQError("the producer is closed; create a new one to send")
+
+    @staticmethod
+    def _end_turn(partition: _Partition) -> None:
+        """Under the lock, the queue's direct send ended: the sends waiting for it look again."""
+        partition.direct = False
+        if partition.waiting:
+            partition.turn.notify_all()
+
     def _direct_done(self, partition: _Partition) -> None:
         with self._cond:
             partition.in_flight -= 1
-            partition.direct = False
+            self._end_turn(partition)
             self._outstanding -= 1
             # Wake the threads only when one waits for this (sends held back behind it, a flush):
             # a wake-up per message would make them trade the GIL with the caller for nothing.
@@ -349,7 +378,7 @@ class PipelinedSender:
         chunk = _Chunk(None, [row], [SendFuture()], True, _row_bytes(row), 1, deadline)
         batch = _Batch(topic, queue_id, sequence, [chunk], request=request, written=written)
         with self._cond:
-            self._partitions[(topic, queue_id)].direct = False
+            self._end_turn(self._partitions[(topic, queue_id)])
             self._in_flight.append(batch)
             if self._requests is not None:
                 self._requests.put(batch)
@@ -380,6 +409,9 @@ class PipelinedSender:
         self.flush(timeout)
         with self._cond:
             self._closed = True
+            for partition in self._partitions.values():
+                if partition.waiting:
+                    partition.turn.notify_all()
             if self._requests is not None:
                 self._requests.put(None)
             call = self._call if all(b.settled is not None for b in self._in_flight) else None

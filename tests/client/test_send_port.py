@@ -15,6 +15,7 @@ import pytest
 
 from broker.launcher import BrokerProcess
 from broker.proto import orderlymq_pb2 as pb
+from broker.wire.errors import OrderlyMQError
 from broker.wire.one_message import encode_one
 from broker.wire.tls import TlsOptions
 from connector.client import Admin, Producer
@@ -66,6 +67,73 @@ def test_sync_sends_on_the_port_keep_each_keys_order_beside_pipelined_and_batch_
     assert _port_sends(broker) > 0, "synchronous sends to an idle queue take the send port"
     verdict = _verdict(broker.address, topic_name, history)
     assert verdict.ok and verdict.deliveries == 8 * 120, verdict
+
+
+def test_threads_sending_on_shared_queues_take_the_port_in_turn(broker, topic_name):
+    """Synchronous sends of threads whose keys share queues: a send finding another thread's send
+    of its queue out on the port waits for it to end and takes the port next, rather than the
+    stream; every key's messages stored once, in order."""
+    Admin(broker.address).create_topic(topic_name, 2)
+    history = History()
+    threads, rounds = 6, 40
+
+    def work(thread: int, producer: Producer) -> None:
+        for seq in range(rounds):
+            for key in (f"t{thread}-a", f"t{thread}-b", f"t{thread}-c"):
+                producer.send(topic_name, body(key, seq), key=key)
+                history.sent(key, seq, acked=True)
+
+    with Producer(broker.address) as producer:
+        workers = [threading.Thread(target=work, args=(i, producer)) for i in range(threads)]
+        for t in workers:
+            t.start()
+        for t in workers:
+            t.join()
+    assert _port_sends(broker) == threads * 3 * rounds, "every send went over the port"
+    verdict = _verdict(broker.address, topic_name, history)
+    assert verdict.ok and verdict.deliveries == threads * 3 * rounds, verdict
+
+
+def test_a_send_waiting_for_its_queues_turn_ends_by_its_deadline(tmp_path, topic_name):
+    """A frozen broker holds one thread's send on the port; another thread's send of the same queue
+    waits its turn only until its deadline, then fails as a send over the stream would. Once the
+    broker runs again, what either stored is there once, in order."""
+    proc = BrokerProcess(tmp_path / "data").start()
+    try:
+        Admin(proc.address).create_topic(topic_name, 1)
+        history = History()
+        failures: list[BaseException] = []
+
+        def send(producer: Producer, key: str) -> None:
+            try:
+                producer.send(topic_name, body(key, 1), key=key)
+                history.sent(key, 1, acked=True)
+            except BaseException as exc:  # noqa: BLE001 - collected for the assertions
+                failures.append(exc)
+                history.sent(key, 1, acked=False)
+
+        with Producer(proc.address, retry_timeout=2.0) as producer:
+            for key in ("a", "b"):
+                producer.send(topic_name, body(key, 0), key=key)
+                history.sent(key, 0, acked=True)
+            _freeze(proc.pid)
+            try:
+                first = threading.Thread(target=send, args=(producer, "a"))
+                first.start()
+                while not any(p.direct for p in producer._senders[""]._partitions.values()):
+                    time.sleep(0.001)  # until the first send is out on the port
+                second = threading.Thread(target=send, args=(producer, "b"))
+                second.start()
+                first.join(30)
+                second.join(30)
+                assert not first.is_alive() and not second.is_alive()
+                assert len(failures) == 2 and all(isinstance(f, OrderlyMQError) for f in failures), failures
+            finally:
+                os.kill(proc.pid, signal.SIGCONT)
+        verdict = _verdict(proc.address, topic_name, history)
+        assert verdict.ok, verdict
+    finally:
+        proc.kill9()
 
 
 def test_a_broker_without_the_port_gets_the_sends_over_grpc(broker_factory, topic_name):
