@@ -97,6 +97,37 @@ def test_concurrent_sync_senders_keep_their_own_order(broker, admin, producer, t
     assert_per_key_order(read_topic(broker.address, topic_name), {f"thread-{n}": 60 for n in range(4)}, 2)
 
 
+def test_threads_pipelining_on_shared_queues_keep_their_own_order(broker, admin, topic_name):
+    """Threads calling send_async side by side (their messages meet in the sender's inbox), each
+    now and then following one at once with a synchronous send of the same key, which must be
+    stored after it: every key complete and in order, whichever path each message took."""
+    admin.create_topic(topic_name, 3)
+    threads, rounds, keys = 4, 80, 5
+    expected: dict[str, int] = {}
+
+    def worker(n: int, producer: Producer) -> None:
+        futures, sent = [], {f"thread-{n}-{k}": 0 for k in range(keys)}
+        for r in range(rounds):
+            for key in sent:
+                futures.append(producer.send_async(topic_name, str(sent[key]), key=key))
+                sent[key] += 1
+                if r % 4 == 3:  # right behind it, perhaps still in the inbox
+                    producer.send(topic_name, str(sent[key]), key=key)
+                    sent[key] += 1
+        for future in futures:
+            future.result(timeout=30)
+        expected.update(sent)
+
+    with Producer(broker.address, linger_ms=1, max_batch_messages=32) as producer:
+        workers = [threading.Thread(target=worker, args=(n, producer)) for n in range(threads)]
+        for t in workers:
+            t.start()
+        for t in workers:
+            t.join()
+    assert len(expected) == threads * keys
+    assert_per_key_order(read_topic(broker.address, topic_name), expected, 3)
+
+
 def test_send_batch_from_table_and_dicts_keeps_input_order(broker, admin, producer, topic_name):
     admin.create_topic(topic_name, 3)
     table = pa.table(
