@@ -587,6 +587,8 @@ class PipelinedSender:
             requests: queue_mod.SimpleQueue = queue_mod.SimpleQueue()
             for batch in self._in_flight:
                 requests.put(batch)
+            if self._closed:  # close() ended the last stream: this one carries what is left, then ends
+                requests.put(None)
             self._requests = requests
             if port_stream is not None:
                 self._call = port_stream.start(self._iterate(requests))

@@ -4,6 +4,7 @@ retries across a broker restart, and precise errors."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pyarrow as pa
 import pytest
@@ -15,11 +16,12 @@ from connector.errors import (
     BrokerUnavailableError,
     InvalidOptionError,
     InvalidRequestError,
+    OrderlyMQError,
     QueueOutOfRangeError,
     SendOutcomeUnknownError,
     TopicNotFoundError,
 )
-from connector.history import History, check_keyed
+from connector.history import Delivery, History, check_keyed
 from tests.support import BrokerProcess
 
 
@@ -126,6 +128,43 @@ def test_threads_pipelining_on_shared_queues_keep_their_own_order(broker, admin,
             t.join()
     assert len(expected) == threads * keys
     assert_per_key_order(read_topic(broker.address, topic_name), expected, 3)
+
+
+def test_a_close_racing_async_sends_leaves_no_future_unresolved(broker, admin, topic_name):
+    """Threads keep calling send_async while another closes the producer: every call either raises
+    or returns a future that resolves (stored) or fails (closed), and what was stored is complete
+    and in order up to each key's last acknowledged message."""
+    admin.create_topic(topic_name, 2)
+    outcomes: dict[str, list] = {f"thread-{n}": [] for n in range(3)}
+    producer = Producer(broker.address, linger_ms=1)
+    started = threading.Barrier(4)
+
+    def worker(key: str) -> None:
+        started.wait()
+        for seq in range(100_000):
+            try:
+                outcomes[key].append(producer.send_async(topic_name, str(seq), key=key))
+            except OrderlyMQError:
+                return
+
+    workers = [threading.Thread(target=worker, args=(key,)) for key in outcomes]
+    for t in workers:
+        t.start()
+    started.wait()
+    while sum(map(len, outcomes.values())) < 3000:
+        time.sleep(0.001)
+    producer.close(timeout=0.1)  # while the threads go on sending
+    for t in workers:
+        t.join(30)
+    history = History()
+    for key, futures in outcomes.items():
+        for seq, future in enumerate(futures):
+            assert future.exception(timeout=30) is None or isinstance(future.exception(), OrderlyMQError)
+            history.sent(key, seq, acked=future.exception() is None)
+    history.extend_deliveries(Delivery(m.key, int(m.body)) for messages in read_topic(broker.address, topic_name).values()
+                              for m in messages)
+    verdict = history.check()
+    assert verdict.ok and verdict.duplicated == 0, verdict
 
 
 def test_send_batch_from_table_and_dicts_keeps_input_order(broker, admin, producer, topic_name):
