@@ -52,6 +52,7 @@ from connector.client.offset_store import LocalOffsetStore, RemoteOffsetStore, c
 from connector.client.process_queue import ProcessQueue
 from connector.client.producer import Producer
 from connector.client.pull_consumer import default_client_id
+from connector.client.pull_port import PullLink, PullPortFailure, open_pull_link
 from connector.client.rebalance import ALLOCATORS, AllocateStrategy
 from connector.client.routed import RoutedConnection
 from connector.client.scheduler import Scheduler
@@ -63,6 +64,7 @@ log = logging.getLogger(__name__)
 CLUSTERING = "clustering"
 BROADCASTING = "broadcasting"
 _GROUP_NAME = re.compile(r"^[A-Za-z0-9_.|-]{1,100}$")
+_LINK_RETRY_S = 5.0  # a broker without a lean pull port (or one that failed) is asked again after this long
 
 
 def dlq_topic(group: str) -> str:
@@ -509,43 +511,109 @@ class PushConsumer(abc.ABC):
 
     def _pull_loop(self) -> None:
         idle = 0.01
-        while not self._stop.is_set():
-            with self._table_lock:
-                pqs = [pq for pq in self.table.values() if self._pullable(pq)]
-            got = False
+        link: PullLink | None = None
+        link_at = 0.0  # when the lean port is looked for again (none, or it failed)
+        try:
+            while not self._stop.is_set():
+                with self._table_lock:
+                    pqs = [pq for pq in self.table.values() if self._pullable(pq)]
+                if link is None and pqs and time.monotonic() >= link_at:
+                    link, link_at = self._open_link(), time.monotonic() + _LINK_RETRY_S
+                if link is not None:
+                    got, link = self._pull_on_link(link, pqs)
+                else:
+                    got = self._pull_each(pqs)
+                if got:
+                    idle = 0.01
+                else:
+                    self._stop.wait(idle)
+                    idle = min(idle * 2, self.idle_pull)
+        finally:
+            if link is not None:
+                link.close()
+
+    def _open_link(self) -> PullLink | None:
+        """A connection to the broker's lean pull port; None (pull over gRPC) in a cluster of broker
+        groups, or when the broker serves none or cannot be asked."""
+        try:
+            if self.connection.clustered():
+                return None
+        except OrderlyMQError:
+            return None
+        return open_pull_link(self.connection.bootstrap)
+
+    def _pull_on_link(self, link: PullLink, pqs: list[ProcessQueue]) -> tuple[bool, PullLink | None]:
+        """One pull per queue over the broker's lean port, all written before the first answer is
+        read: one round trip for every queue, where gRPC makes one per queue, one after the other.
+        A failing link is closed and the queues it did not answer are pulled over gRPC (a pull is
+        safe to repeat). Returns whether messages came, and the link if it is still usable."""
+        got, answered = False, 0
+        try:
             for pq in pqs:
-                if self._stop.is_set() or not self._pullable(pq):
-                    continue
+                link.issue(self._pull_request(pq))
+            for pq in pqs:
                 try:
-                    response = self.connection.call("Pull", self._pull_request(pq), retry=False)
-                except FencedError as exc:
-                    log.warning("consumer %s fenced on %s: %s", self.client_id, pq.mq, exc)
-                    pq.locked = False
-                    continue
-                except OffsetOutOfRangeError as exc:
-                    self._out_of_range(pq, exc)
-                    continue
-                except BrokerUnavailableError as exc:
-                    log.warning("consumer %s: %s", self.client_id, exc)
-                    self._stop.wait(0.5)
-                    break
+                    response = link.receive()
+                except PullPortFailure:
+                    raise
                 except OrderlyMQError as exc:
-                    log.error("consumer %s cannot pull %s: %s", self.client_id, pq.mq, exc)
+                    answered += 1
+                    if not self._pull_failed(pq, exc):  # the broker is unavailable: read past the rest
+                        for _ in pqs[answered:]:
+                            link.skip()
+                        return got, link
                     continue
-                if pq.dropped:
-                    continue
-                messages = Message.from_table(codec.decode_many(response.batches), pq.mq.topic, pq.mq.queue_id)
-                previous, pq.next_offset = pq.next_offset, response.next_offset
-                if messages:
-                    got = True
-                    self._dispatch(pq, messages)
-                elif response.next_offset > previous and pq.idle():
-                    self._commit(pq, response.next_offset)  # everything up to here was filtered out by tag
-            if got:
-                idle = 0.01
-            else:
-                self._stop.wait(idle)
-                idle = min(idle * 2, self.idle_pull)
+                answered += 1
+                got = self._pulled(pq, response) or got
+            return got, link
+        except PullPortFailure as exc:
+            log.warning("consumer %s: pulling over the broker's lean port failed (%s); pulling over gRPC",
+                        self.client_id, exc)
+            link.close()
+            return self._pull_each(pqs[answered:]) or got, None
+
+    def _pull_each(self, pqs: list[ProcessQueue]) -> bool:
+        """One pull per queue over gRPC, one after the other; whether messages came."""
+        got = False
+        for pq in pqs:
+            if self._stop.is_set() or not self._pullable(pq):
+                continue
+            try:
+                response = self.connection.call("Pull", self._pull_request(pq), retry=False)
+            except OrderlyMQError as exc:
+                if not self._pull_failed(pq, exc):
+                    break
+                continue
+            got = self._pulled(pq, response) or got
+        return got
+
+    def _pull_failed(self, pq: ProcessQueue, exc: OrderlyMQError) -> bool:
+        """Handle a failed pull of ``pq``; False when the broker is unavailable (stop this pass)."""
+        if isinstance(exc, FencedError):
+            log.warning("consumer %s fenced on %s: %s", self.client_id, pq.mq, exc)
+            pq.locked = False
+        elif isinstance(exc, OffsetOutOfRangeError):
+            self._out_of_range(pq, exc)
+        elif isinstance(exc, BrokerUnavailableError):
+            log.warning("consumer %s: %s", self.client_id, exc)
+            self._stop.wait(0.5)
+            return False
+        else:
+            log.error("consumer %s cannot pull %s: %s", self.client_id, pq.mq, exc)
+        return True
+
+    def _pulled(self, pq: ProcessQueue, response) -> bool:
+        """Hand a pull's messages to the consume pool; whether there were any."""
+        if pq.dropped:
+            return False
+        messages = Message.from_table(codec.decode_many(response.batches), pq.mq.topic, pq.mq.queue_id)
+        previous, pq.next_offset = pq.next_offset, response.next_offset
+        if messages:
+            self._dispatch(pq, messages)
+            return True
+        if response.next_offset > previous and pq.idle():
+            self._commit(pq, response.next_offset)  # everything up to here was filtered out by tag
+        return False
 
     @abc.abstractmethod
     def _dispatch(self, pq: ProcessQueue, messages: list[Message]) -> None:

@@ -56,6 +56,29 @@ def test_one_consumer_consumes_every_key_in_order(fast_broker, topic_name):
         assert admin.lock_holders("g", topic_name) == []  # shutdown released the queues
 
 
+def test_pulls_of_every_queue_go_together_over_the_lean_port(fast_broker, topic_name):
+    """A consumer's pulls of all its queues are written on the broker's lean pull port before the
+    first answer is read (gRPC: one round trip per queue); every key still in order."""
+
+    def pulls(method: str) -> float:
+        return fast_broker.service.metrics.registry.get_sample_value(
+            "orderlymq_rpc_duration_seconds_count", {"method": method}) or 0
+
+    with Admin(fast_broker.address) as admin, Producer(fast_broker.address) as producer:
+        admin.create_topic(topic_name, 4)
+        expected = send_keyed(producer, topic_name, [f"order-{i}" for i in range(20)], 50)
+        log = OrderLog()
+        grpc_pulls = pulls("Pull")
+        consumer = start_consumer(fast_broker.address, topic_name, "g", log.listener("c1"), "c1", pull_batch_size=8)
+        try:
+            assert wait_until(lambda: log.has_all(expected))
+            assert log.check(expected) == 0
+        finally:
+            consumer.shutdown()
+    assert pulls("PullPort") >= 1000 / 8, "the pulls went over the lean port"
+    assert pulls("Pull") == grpc_pulls
+
+
 def test_three_instances_join_and_leave_mid_stream(fast_broker, topic_name, record_property):
     address = fast_broker.address
     log = OrderLog()
