@@ -408,6 +408,46 @@ def pipelined_sends(workdir: Path, messages: int, queues: int = 8) -> float:
     return rate
 
 
+def orderly_consume(workdir: Path, messages: int, queues: int = 8) -> float:
+    """An ``OrderlyConsumer`` (defaults: 4 consume threads, one message per listener call) reading a
+    backlog of ``messages`` numbered messages over 1,000 keys, from start until the last; checks
+    that every key's messages came once each, in order. Returns msgs/s."""
+    from connector.client import ConsumeOrderlyStatus, OrderlyConsumer, Producer
+
+    keys = 1000
+    with BrokerProcess(workdir / "orderly-consume", "--flush", "async", "--log-level", "WARNING") as broker:
+        conn = BrokerConnection(broker.address)
+        conn.call("CreateTopic", pb.CreateTopicRequest(topic="consume", queue_count=queues))
+        conn.close()
+        body = b"x" * (BODY_BYTES - 8)
+        with Producer(broker.address) as producer:
+            for start in range(0, messages, 10_000):
+                producer.send_batch("consume", [{"key": f"key-{n % keys}", "body": body + b"%08d" % n}
+                                                for n in range(start, min(start + 10_000, messages))])
+        seen: dict[str, list[int]] = {}
+        done = threading.Event()
+        count = itertools.count(1)
+
+        def listener(batch, context) -> ConsumeOrderlyStatus:
+            for message in batch:
+                seen.setdefault(message.key, []).append(int(message.body[-8:]))
+                if next(count) == messages:
+                    done.set()
+            return ConsumeOrderlyStatus.SUCCESS
+
+        consumer = OrderlyConsumer(broker.address, "bench", listener, consume_from="earliest")
+        consumer.subscribe("consume")
+        t0 = time.perf_counter()
+        consumer.start()
+        finished = done.wait(300)
+        rate = messages / (time.perf_counter() - t0)
+        consumer.shutdown()
+    if not finished:
+        raise AssertionError(f"orderly consume: {sum(map(len, seen.values()))} of {messages} messages in 300 s")
+    _check_numbered(seen, messages, "orderly consume")
+    return rate
+
+
 def _stored_sequences(conn: BrokerConnection, topic: str, queues: int) -> dict[str, list[int]]:
     """Every key's sequence numbers (a body's last 8 bytes) in the order the queues hold them."""
     stored: dict[str, list[int]] = {}
@@ -563,6 +603,9 @@ def run(workdir: Path, quick: bool) -> list[Row]:
     rate = pipelined_sends(workdir, 30_000 if quick else 500_000)
     rows.append(Row("pipelined acked sends, order verified", rate, "msg/s", message_bytes=BODY_BYTES, queues=8,
                     goal=">= 100,000 msg/s"))
+    rows.append(Row("OrderlyConsumer of a backlog, one message per listener call, order verified",
+                    orderly_consume(workdir, 30_000 if quick else 200_000), "msg/s", message_bytes=BODY_BYTES,
+                    queues=8))
     backlog = backlog_pull(workdir, 500_000 if quick else 10_000_000)
     rows.append(Row("pull backlog from disk" + (" (page cache dropped)" if backlog["cold_cache"] else ""),
                     backlog["pull_rate"], "msg/s", backlog["ceiling"], "bare gRPC of same bytes", BODY_BYTES, 8,
