@@ -4,7 +4,6 @@ retries across a broker restart, and precise errors."""
 from __future__ import annotations
 
 import threading
-import time
 
 import pyarrow as pa
 import pytest
@@ -22,7 +21,7 @@ from connector.errors import (
     TopicNotFoundError,
 )
 from connector.history import Delivery, History, check_keyed
-from tests.support import BrokerProcess
+from tests.support import BrokerProcess, wait_until
 
 
 def read_topic(address: str, topic: str) -> dict[int, list]:
@@ -151,8 +150,7 @@ def test_a_close_racing_async_sends_leaves_no_future_unresolved(broker, admin, t
     for t in workers:
         t.start()
     started.wait()
-    while sum(map(len, outcomes.values())) < 3000:
-        time.sleep(0.001)
+    assert wait_until(lambda: sum(map(len, outcomes.values())) >= 3000, interval=0.001)
     producer.close(timeout=0.1)  # while the threads go on sending
     for t in workers:
         t.join(30)

@@ -24,6 +24,7 @@ from connector.client.send_port import SendPortClient
 from connector.errors import SendOutcomeUnknownError
 from connector.history import History
 from tests.faults.workload import body, stored_deliveries
+from tests.support import wait_until
 
 
 def _port_sends(broker, method: str = "SendPort") -> float:
@@ -120,8 +121,8 @@ def test_a_send_waiting_for_its_queues_turn_ends_by_its_deadline(tmp_path, topic
             try:
                 first = threading.Thread(target=send, args=(producer, "a"))
                 first.start()
-                while not any(p.direct for p in producer._senders[""]._partitions.values()):
-                    time.sleep(0.001)  # until the first send is out on the port
+                assert wait_until(lambda: any(p.direct for p in producer._senders[""]._partitions.values()),
+                                  interval=0.001), "the first send went out on the port"
                 second = threading.Thread(target=send, args=(producer, "b"))
                 second.start()
                 first.join(30)
