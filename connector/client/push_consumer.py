@@ -554,9 +554,7 @@ class PushConsumer(abc.ABC):
             for pq in pqs:
                 try:
                     response = link.receive()
-                except PullPortFailure:
-                    raise
-                except OrderlyMQError as exc:
+                except OrderlyMQError as exc:  # what the broker answered (a PullPortFailure is not one)
                     answered += 1
                     if not self._pull_failed(pq, exc):  # the broker is unavailable: read past the rest
                         for _ in pqs[answered:]:
