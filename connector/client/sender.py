@@ -682,8 +682,8 @@ class PipelinedSender:
             topic, queue_id, stamp, duplicate = batch.topic, batch.queue_id, response.store_timestamp, response.duplicate
             for chunk in batch.chunks:
                 if chunk.single:
-                    SendFuture.set_results(chunk.futures, [SendResult(topic, queue_id, offset + i, stamp, duplicate)
-                                                           for i in range(chunk.num_rows)])
+                    SendFuture.set_results(chunk.futures, [(topic, queue_id, offset + i, stamp, duplicate)
+                                                           for i in range(chunk.num_rows)], SendResult)
                 else:
                     chunk.futures[0].set_result(
                         SendResults.stored_run(topic, queue_id, offset, chunk.num_rows, stamp, duplicate))

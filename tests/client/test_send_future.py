@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import concurrent.futures as cf
+import gc
 import threading
 
 import pytest
@@ -90,3 +93,44 @@ def test_racing_waiters_and_setters_never_miss_a_result():
             future.set_result(i)
         waiter.join(10)
         assert results == list(range(50))
+
+
+def test_results_set_from_fields_read_back_built_however_they_are_reached():
+    point = collections.namedtuple("point", "x y")
+    untouched, waited, called = SendFuture(), SendFuture(), SendFuture()
+    seen = []
+    called.add_done_callback(lambda f: seen.append(f.result()))
+    _later(lambda: SendFuture.set_results([untouched, waited, called], [(1, 2), (3, 4), (5, 6)], point))
+    assert waited.result(timeout=10) == point(3, 4) and type(waited.result()) is point
+    assert untouched.result() == point(1, 2) and type(untouched.result()) is point
+    assert seen == [point(5, 6)] and type(seen[0]) is point
+    assert asyncio.run(_awaited(untouched)) == point(1, 2)
+
+
+async def _awaited(future: SendFuture):
+    return await asyncio.wrap_future(future)
+
+
+def test_a_kept_future_resolved_from_fields_holds_nothing_the_collector_tracks():
+    """The point of keeping fields: a named tuple is tracked by the cyclic collector for life,
+    a tuple of numbers is dropped from it at its first collection."""
+    future = SendFuture()
+    SendFuture.set_results([future], [("topic", 0, 7, 1_700_000_000_000, False)], collections.namedtuple("r", "t q o s d"))
+    gc.collect()
+    assert not gc.is_tracked(future._result)
+    assert future.result().o == 7
+
+
+def test_racing_waiters_and_setters_of_fields_never_miss_a_result():
+    def collect(futures, results):
+        results.extend(f.result(timeout=10) for f in futures)
+
+    for _ in range(100):
+        futures = [SendFuture() for _ in range(50)]
+        results = []
+        waiter = threading.Thread(target=collect, args=(futures, results))
+        waiter.start()
+        for i in range(0, 50, 10):
+            SendFuture.set_results(futures[i:i + 10], [(n,) for n in range(i, i + 10)], lambda n: ("built", n))
+        waiter.join(10)
+        assert results == [("built", n) for n in range(50)]
