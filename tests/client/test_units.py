@@ -3,6 +3,7 @@ the scheduler, the error mapping and the exported names."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from pathlib import Path
 
@@ -42,6 +43,18 @@ def test_messages_from_table_keep_columns_and_order():
     assert (second.key, second.tag, second.properties, second.born_timestamp) == ("7", None, {}, 5)
     assert second.queue_offset == 11 and second.store_timestamp == 1_700_000_000_000
     assert Message.from_table(codec.empty_stored_table(), "t", 0) == []
+    # Built past __init__, a message is still the dataclass it would have made: equal, hashable, replaceable.
+    assert first == Message(topic="orders", body=b"a", key="k1", tag="TagA", properties={"RECONSUME_TIMES": "2", "x": "y"},
+                            born_timestamp=first.born_timestamp, queue_id=3, queue_offset=10,
+                            store_timestamp=1_700_000_000_000, reconsume_times=2)
+    assert dataclasses.replace(second, reconsume_times=1).reconsume_times == 1 and second.reconsume_times == 0
+
+
+def test_messages_from_a_table_of_several_chunks_keep_their_order():
+    table = pa.concat_tables([stored([{"body": str(i), "key": "k", "born_timestamp": i}], base=i) for i in range(3)])
+    assert table.column("born_timestamp").num_chunks == 3
+    got = Message.from_table(table, "t", 0)
+    assert [(m.body, m.queue_offset, m.born_timestamp) for m in got] == [(b"0", 0, 0), (b"1", 1, 1), (b"2", 2, 2)]
 
 
 def test_orderly_take_commit_and_consume_again():
