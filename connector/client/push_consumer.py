@@ -95,7 +95,7 @@ class PushConsumer(abc.ABC):
         allocate: str | AllocateStrategy = "averagely",
         rebalance_interval: float = 20.0,
         heartbeat_interval: float = 5.0,
-        pull_batch_size: int = 32,
+        pull_batch_size: int = 128,
         consume_batch_size: int = 1,
         consume_threads: int = 4,
         pull_threshold_per_queue: int = 1000,
