@@ -78,8 +78,8 @@ class ConcurrentConsumer(PushConsumer):
             self._scheduler.call_later(delay, lambda: self._submit(pq, batch))
             return
         try:
-            assert self._executor is not None
-            self._executor.submit(self._consume, pq, batch)
+            assert self._pool is not None
+            self._pool.submit(self._consume, pq, batch)
         except RuntimeError:
             return  # shutting down: the offset stays before these messages
 

@@ -281,8 +281,8 @@ class OrderlyConsumer(PushConsumer):
         if not pq.try_schedule():
             return
         try:
-            assert self._executor is not None
-            self._executor.submit(self._consume_request, pq)
+            assert self._pool is not None
+            self._pool.submit(self._consume_request, pq)
         except RuntimeError:  # the pool is shutting down
             pq.unschedule()
 

@@ -24,7 +24,6 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +39,7 @@ from broker.wire.errors import (
 )
 from broker.wire.tags import parse_tag_expression
 from connector.client.connection import Credentials, TlsOptions, pb
+from connector.client.consume_pool import ConsumePool
 from connector.client.messages import (
     PROPERTY_ORIGIN_OFFSET,
     PROPERTY_ORIGIN_QUEUE_ID,
@@ -159,7 +159,7 @@ class PushConsumer(abc.ABC):
         self._commit_wakeup = threading.Event()
         self._members: list[str] = []
         self._threads: list[threading.Thread] = []
-        self._executor: ThreadPoolExecutor | None = None
+        self._pool: ConsumePool | None = None
         self._scheduler: Scheduler | None = None
         self._producer: Producer | None = None
         self._producer_lock = threading.Lock()
@@ -211,7 +211,7 @@ class PushConsumer(abc.ABC):
             self.store = RemoteOffsetStore(self.connection, self.group, self.client_id)
         self._prepare()
         self._started = True
-        self._executor = ThreadPoolExecutor(self.consume_threads, thread_name_prefix=f"orderlymq-consume-{self.group}")
+        self._pool = ConsumePool(self.consume_threads, f"orderlymq-consume-{self.group}")
         self._scheduler = Scheduler(f"orderlymq-scheduler-{self.group}")
         try:
             self._heartbeat()
@@ -244,8 +244,8 @@ class PushConsumer(abc.ABC):
             pq.dropped = True
         if self._scheduler is not None:
             self._scheduler.stop()
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
         self._release_all(pqs)
         try:
             self.store.flush()
