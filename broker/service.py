@@ -483,5 +483,5 @@ def _ignore(change) -> None:
 
 
 def _with_tags(table: pa.Table, tags: frozenset[str]) -> pa.Table:
-    wanted = pa.array(sorted(tags), pa.string())
-    return table.filter(pc.fill_null(pc.is_in(table.column("tag"), value_set=wanted), False))
+    # A message without a tag is not in the set: is_in answers false for it, not null.
+    return table.filter(pc.is_in(table.column("tag"), value_set=codec.string_array(sorted(tags))))

@@ -27,7 +27,7 @@ from broker.rocketmq.protocol import Code, definition
 from broker.rocketmq.receipts import Receipt
 from broker.rocketmq.statuses import RocketMQStatusError
 from broker.storage.arrivals import Arrivals
-from broker.wire import codec
+from broker.wire.one_message import encode_one
 
 __all__ = ["AUTO_RENEW_MS", "GATEWAY_CLIENT", "Consumption", "dead_letter_topic"]
 
@@ -222,9 +222,9 @@ class Consumption:
             properties.setdefault(MESSAGE_ID_PROPERTY, message_id_of(properties, receipt.queue_id, receipt.offset))
             dlq = dead_letter_topic(group)
             self.broker.CreateTopic(pb.CreateTopicRequest(topic=dlq, queue_count=1, if_not_exists=True))
-            batch = codec.messages_to_batch([{"key": row["key"], "tag": row["tag"], "body": row["body"],
-                                              "properties": properties, "born_timestamp": row["born_timestamp"]}])
-            self.broker.Send(pb.SendRequest(topic=dlq, queue_id=0, batch=codec.encode(batch)))
+            batch = encode_one({"key": row["key"], "tag": row["tag"], "body": row["body"], "properties": properties,
+                                "born_timestamp": row["born_timestamp"]})
+            self.broker.Send(pb.SendRequest(topic=dlq, queue_id=0, batch=batch))
             state.ack(receipt.offset, receipt.attempt)
             self._commit(key, state)
         self._wake(group, topic)

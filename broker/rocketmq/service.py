@@ -28,8 +28,8 @@ from broker.rocketmq.protocol import SERVICE_NAME, Code, definition, service
 from broker.rocketmq.settings import LONG_POLLING_S, RECEIVE_BATCH_SIZE, settings_for
 from broker.rocketmq.statuses import RocketMQStatusError, ok, status, status_for
 from broker.rocketmq.transactions import HalfMessages
-from broker.wire import codec
 from broker.wire.errors import NotMasterError, TopicNotFoundError
+from broker.wire.one_message import encode_one
 from broker.wire.tags import parse_tag_expression
 
 __all__ = ["RocketMQService"]
@@ -217,7 +217,7 @@ class RocketMQService:
         topic = _topic(message.topic)
         row = mapping.to_row(message)
         queue_id = mapping.target_queue(message, self._queue_count(topic), next(self._round_robin))
-        batch = codec.encode(codec.messages_to_batch([row]))
+        batch = encode_one(row)
         if message.system_properties.message_type == definition.MessageType.TRANSACTION:
             check = mapping.with_digest(definition.Message.FromString(message.SerializeToString()))
             txn_id = self.half_messages.stage(topic, queue_id, batch, check, client_id)

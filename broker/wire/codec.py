@@ -496,4 +496,14 @@ def _int64_array(values: np.ndarray, typ: pa.DataType) -> pa.Array:
     return pa.Array.from_buffers(typ, len(values), [None, pa.py_buffer(values)])
 
 
+def string_array(values: Sequence[str | bytes], binary: bool = False) -> pa.Array:
+    """A string (or ``binary``) array of ``values`` (no None), built from its buffers: ``pa.array``
+    of a list imports pandas into the process on first use."""
+    typ = pa.binary() if binary else pa.string()
+    data = [value.encode() if isinstance(value, str) else value for value in values]
+    offsets = np.zeros(len(data) + 1, "<i4")
+    np.cumsum([len(value) for value in data], out=offsets[1:])
+    return pa.Array.from_buffers(typ, len(data), [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(data))])
+
+
 from broker.wire import one_message  # noqa: E402 - a cycle: it builds its template with this module

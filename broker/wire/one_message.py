@@ -1,10 +1,8 @@
 """One message as an Arrow IPC stream, laid out directly: the synchronous send's encoding.
 
 Building Arrow arrays for a single row costs far more than the row's bytes (five arrays, a table,
-a serializer), and a synchronous send pays it for every message. The record batch of one
-``MESSAGE_SCHEMA`` row always has the same shape: 8 field nodes and 20 buffers, so its metadata
-is the metadata pyarrow writes for any one-row batch with those numbers changed. This module
-finds where they sit in a template once, then writes body and metadata with ``struct`` alone.
+a serializer), and a synchronous send pays it for every message. This module writes body and
+metadata with ``struct`` alone, the metadata where ``broker.wire.ipc_layout`` found pyarrow puts it.
 The result is byte for byte what ``codec.encode(codec.messages_to_batch([row]))`` gives (tested),
 so the broker stores it as sent.
 
@@ -22,66 +20,23 @@ from typing import Any
 
 from broker.wire import codec
 from broker.wire.errors import BadBatchError
+from broker.wire.ipc_layout import (
+    BODY_AT,
+    FIXED_0,
+    FIXED_1,
+    FIXED_2,
+    FIXED_3,
+    FIXED_4,
+    HEAD,
+    NODES_AT,
+    SPANS_AT,
+    STREAM_START,
+)
 
 __all__ = ["decode_one", "encode_one"]
 
 _I64 = struct.Struct("<q")
-_PREFIX = struct.Struct("<Ii")  # continuation marker, metadata length
 _PAD = [b"\x00" * n for n in range(8)]
-
-
-def _table_fields(fb: bytes, table: int) -> tuple[int, ...]:
-    """The positions of a flatbuffer table's fields (0: absent)."""
-    vtable = table - struct.unpack_from("<i", fb, table)[0]
-    size = struct.unpack_from("<H", fb, vtable)[0]
-    return tuple(table + f if f else 0 for f in struct.unpack_from(f"<{(size - 4) // 2}H", fb, vtable + 4))
-
-
-def _vector(fb: bytes, field: int) -> tuple[int, int]:
-    """Where a vector field's elements start, and how many there are."""
-    start = field + struct.unpack_from("<I", fb, field)[0]
-    return start + 4, struct.unpack_from("<I", fb, start)[0]
-
-
-def _template() -> tuple[bytes, int, int, int]:
-    """A one-row batch's metadata, and where its body length, field nodes and buffers sit in it."""
-    row = {"key": "k", "tag": "t", "body": b"b", "properties": {"p": "v"}, "born_timestamp": 0}
-    message = codec.messages_to_batch([row]).to_batches()[0].serialize().to_pybytes()
-    size = _PREFIX.unpack_from(message)[1]
-    fb = message[_PREFIX.size:_PREFIX.size + size]
-    root = struct.unpack_from("<I", fb)[0]
-    _version, _kind, header, body_length = _table_fields(fb, root)[:4]
-    batch = header + struct.unpack_from("<I", fb, header)[0]
-    _length, nodes_field, buffers_field = _table_fields(fb, batch)[:3]
-    nodes, node_count = _vector(fb, nodes_field)
-    buffers, buffer_count = _vector(fb, buffers_field)
-    if (node_count, buffer_count) != (8, 20):  # a pyarrow that writes another layout: found by the tests
-        raise RuntimeError(f"unexpected one-row batch layout: {node_count} nodes, {buffer_count} buffers")
-    return fb, body_length, nodes, buffers
-
-
-_METADATA, _BODY_LENGTH_AT, _NODES_AT, _BUFFERS_AT = _template()
-_MESSAGE_PREFIX = _PREFIX.pack(0xFFFFFFFF, len(_METADATA))
-
-
-def _head_struct() -> tuple[struct.Struct, list[bytes]]:
-    """Schema, message prefix and metadata in one ``struct``: the template's fixed bytes around its
-    body length (q), 20 buffer spans (40q) and 8 field nodes (16q), in the order pyarrow writes them."""
-    fields = [(_BODY_LENGTH_AT, 8, "q"), (_BUFFERS_AT, 320, "40q"), (_NODES_AT, 128, "16q")]
-    if sorted(fields) != fields:  # a pyarrow that writes another layout: found by the tests
-        raise RuntimeError("unexpected one-row batch metadata: body length, buffers and nodes in another order")
-    fixed, codes, at = [], [], 0
-    for start, size, code in fields:
-        fixed.append(_METADATA[at:start])
-        codes.append(code)
-        at = start + size
-    fixed.append(_METADATA[at:])
-    fixed[0] = codec.MESSAGE_SCHEMA_IPC + _MESSAGE_PREFIX + fixed[0]
-    fmt = "<" + "".join(f"{len(part)}s{code}" for part, code in zip(fixed, [*codes, ""], strict=True))
-    return struct.Struct(fmt), fixed
-
-
-_HEAD, (_FIXED_0, _FIXED_1, _FIXED_2, _FIXED_3) = _head_struct()
 _I32_PAIR = struct.Struct("<ii")
 _NULL_STRING = b"\x00" * 16  # a null string row: its validity bitmap padded to 8 bytes, offsets 0, 0
 _NULL_MAP = b"\x00" * 32  # a null map row: validity, offsets 0, 0, empty keys' and values' offsets (0)
@@ -179,26 +134,21 @@ def encode_one(row: Mapping[str, Any]) -> bytes:
     at = _map_column(entries, at, parts, spans)
     spans += (at, 0, at, 8)  # the born timestamp: no validity bitmap, 8 bytes
     n = len(entries) if entries else 0
-    head = _HEAD.pack(_FIXED_0, at + 8, _FIXED_1, *spans, _FIXED_2, 1, key is None, 1, tag is None, 1, 0, 1,
-                      entries is None, n, 0, n, 0, n, 0, 1, 0, _FIXED_3)
+    head = HEAD.pack(FIXED_0, at + 8, FIXED_1, 1, FIXED_2, *spans, FIXED_3, 1, key is None, 1, tag is None, 1, 0, 1,
+                     entries is None, n, 0, n, 0, n, 0, 1, 0, FIXED_4)
     return b"".join([head, *parts, stamp, codec.END_OF_STREAM])
-
-
-_META_START = len(codec.MESSAGE_SCHEMA_IPC) + _PREFIX.size
 
 
 def decode_one(payload: bytes) -> dict | None:
     """The message of ``payload`` when it is exactly ``encode_one``'s encoding of a message (so a
     valid Arrow IPC stream of one row); None for anything else."""
-    body_at = _META_START + len(_METADATA)
-    if (len(payload) < body_at + len(codec.END_OF_STREAM) or not payload.startswith(codec.MESSAGE_SCHEMA_IPC)
-            or payload[len(codec.MESSAGE_SCHEMA_IPC):_META_START] != _MESSAGE_PREFIX):
+    if len(payload) < BODY_AT + len(codec.END_OF_STREAM) or not payload.startswith(STREAM_START):
         return None
-    nodes = struct.unpack_from("<16q", payload, _META_START + _NODES_AT)
+    nodes = struct.unpack_from("<16q", payload, NODES_AT)
     if nodes[0] != 1:  # a batch of many messages has the same layout: not one to read here
         return None
-    spans = struct.unpack_from("<40q", payload, _META_START + _BUFFERS_AT)
-    body = memoryview(payload)[body_at:]
+    spans = struct.unpack_from("<40q", payload, SPANS_AT)
+    body = memoryview(payload)[BODY_AT:]
     try:
         key = None if nodes[1] else _one_string(body, spans, 1).decode("utf-8")
         tag = None if nodes[3] else _one_string(body, spans, 4).decode("utf-8")
