@@ -108,7 +108,7 @@ def _split_by_queue(table: pa.Table, queue_of_row: np.ndarray) -> list[RoutedChu
 
 
 def _message_row(body: Any, key: Any, tag: Any, properties: Any) -> dict:
-    """A checked message dict for ``codec.messages_to_batch``, stamped with its born time now."""
+    """A checked message dict (``encode_one``, ``encode_rows``), stamped with its born time now."""
     if type(body) is not bytes and not isinstance(body, _BODY_TYPES):  # type(): the usual case, quickest
         raise BadBatchError(f"body must be bytes or str, got {type(body).__name__}")
     if type(key) is not str:

@@ -52,6 +52,7 @@ from broker.wire.errors import (
     from_answer,
     from_rpc_error,
 )
+from broker.wire.message_rows import encode_rows
 from broker.wire.one_message import encode_one
 from broker.wire.send_request import EncodedSend, encode_send_request
 from connector.client.connection import BrokerConnection, pb
@@ -116,6 +117,14 @@ class _Batch:
     @cached_property
     def deadline(self) -> float:  # the watchdog asks often, the chunks never change
         return min(chunk.deadline for chunk in self.chunks)
+
+
+def _batch_payload(chunks: list[_Chunk]) -> bytes | list[bytes | pa.Buffer]:
+    """The Arrow IPC stream of the chunks' rows in order (or its parts): message dicts alone (what
+    ``send_async`` queues) are laid out directly, tables among them joined by Arrow."""
+    if all(chunk.rows is not None for chunk in chunks):
+        return encode_rows([row for chunk in chunks for row in chunk.rows])
+    return codec.encode_parts(_batch_table(chunks))
 
 
 def _batch_table(chunks: list[_Chunk]) -> pa.Table:
@@ -533,11 +542,11 @@ class PipelinedSender:
                     continue
             for batch in batches:
                 try:
-                    table = _batch_table(batch.chunks)
+                    payload = _batch_payload(batch.chunks)
                 except Exception as exc:  # noqa: BLE001 - the dispatcher must survive any bad message
                     batch.error = exc if isinstance(exc, OrderlyMQError) else BadBatchError(f"cannot encode: {exc}")
                     continue
-                batch.request = encode_send_request(batch.topic, batch.queue_id, codec.encode_parts(table),
+                batch.request = encode_send_request(batch.topic, batch.queue_id, payload,
                                                     producer_id=self.producer_id, sequence=batch.sequence)
             failed = [b for b in batches if b.error is not None]
             for batch in failed:
