@@ -26,6 +26,24 @@ BROKER_BEFORE_NUMBERED_STAGING = "ca05a6aa9143a5c966fa0d476ead4bc93edbc989"
 FIRST_RELEASE = "7277497d261576d837318b2e66a0d278c804d010"
 
 
+def arrow_batch(rows: list[dict]) -> pa.Table:
+    """Message dicts as a table built by pyarrow's own conversions (``pa.array`` of each column):
+    the reference the encoders that lay out Arrow bytes by hand are checked against."""
+    def text(value):
+        return bytes(value).decode() if isinstance(value, bytes | bytearray | memoryview) else value
+
+    born = [row.get("born_timestamp") for row in rows]
+    return pa.Table.from_arrays([
+        pa.array([None if row.get("key") is None else str(text(row["key"])) for row in rows], pa.string()),
+        pa.array([row.get("tag") for row in rows], pa.string()),
+        pa.array([row["body"].encode() if isinstance(row["body"], str) else bytes(row["body"]) for row in rows],
+                 pa.binary()),
+        pa.array([None if row.get("properties") is None else [(str(k), str(v)) for k, v in row["properties"].items()]
+                  for row in rows], codec.PROPERTIES_TYPE),
+        pa.array([codec.now_ms() if stamp is None else stamp for stamp in born], pa.int64()).cast(codec.TIMESTAMP_MS),
+    ], schema=codec.MESSAGE_SCHEMA)
+
+
 def older_code(directory: Path, revision: str, *paths: str) -> Path:
     """Where ``paths`` (files or directories) of this repository at ``revision`` were extracted,
     under ``directory``: a tree that runs as that revision did."""

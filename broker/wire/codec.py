@@ -31,6 +31,8 @@ __all__ = [
     "decode_records",
     "decode_stamped_records",
     "empty_stored_table",
+    "int64_array",
+    "numbers",
     "encode",
     "encode_parts",
     "first_stamped_at_or_after",
@@ -135,7 +137,12 @@ def decode_many(payloads: Iterable[bytes]) -> pa.Table:
 
 
 def empty_stored_table() -> pa.Table:
-    return STORED_SCHEMA.empty_table()
+    # Not Schema.empty_table(): it imports pandas into the process on first use.
+    return _EMPTY_STORED
+
+
+_EMPTY_STORED = pa.Table.from_batches([pa.RecordBatch.from_arrays([pa.nulls(0, f.type) for f in STORED_SCHEMA],
+                                                                  schema=STORED_SCHEMA)])
 
 
 def _column_or_nulls(table: pa.Table, name: str, typ: pa.DataType) -> pa.Array | pa.ChunkedArray:
@@ -215,8 +222,8 @@ def normalize(data: pa.Table | pa.RecordBatch, *, default_born_ms: int | None = 
         )
     born = _as_timestamp(_column_or_nulls(table, "born_timestamp", TIMESTAMP_MS), "born_timestamp")
     if born.null_count:
-        fill = pa.scalar(default_born_ms if default_born_ms is not None else now_ms(), TIMESTAMP_MS)
-        born = pc.fill_null(born, fill)
+        born = pc.fill_null(born, _int64_scalar(default_born_ms if default_born_ms is not None else now_ms(),
+                                                TIMESTAMP_MS))
     columns = [
         _as_string_keys(_column_or_nulls(table, "key", pa.string())),
         _typed(_column_or_nulls(table, "tag", pa.string()), "tag", pa.string()),
@@ -230,49 +237,11 @@ def normalize(data: pa.Table | pa.RecordBatch, *, default_born_ms: int | None = 
 def messages_to_batch(messages: Sequence[Mapping[str, Any]]) -> pa.Table:
     """A normalized table from message dicts (``body`` and optionally the other columns).
 
-    Integer keys are stored as their decimal string; properties as a string map. Built column by
-    column: a pipelining producer turns every message it sends into a row here.
+    Integer keys are stored as their decimal string; properties as a string map. The dicts are laid
+    out as an Arrow IPC stream directly (``broker.wire.message_rows``) and read back: quicker than
+    ``pa.array`` of each column's list, which also imports pandas into the process on first use.
     """
-    if not messages:
-        raise BadBatchError("empty batch: send at least one message")
-    bodies = [m.get("body") for m in messages]
-    if not all(type(body) is bytes for body in bodies):
-        bodies = [_body_bytes(i, body) for i, body in enumerate(bodies)]
-    keys = [m.get("key") for m in messages]
-    if not all(key is None or type(key) is str for key in keys):
-        keys = [_key_text(i, key) for i, key in enumerate(keys)]
-    props = [m.get("properties") for m in messages]
-    if any(p is not None for p in props):
-        props = [None if p is None else [(str(k), str(v)) for k, v in p.items()] for p in props]
-    born = [m.get("born_timestamp") for m in messages]
-    if None in born:
-        default_born = now_ms()
-        born = [default_born if b is None else b for b in born]
-    return pa.Table.from_arrays(
-        [
-            pa.array(keys, pa.string()),
-            pa.array([m.get("tag") for m in messages], pa.string()),
-            pa.array(bodies, pa.binary()),
-            pa.array(props, PROPERTIES_TYPE),
-            pa.array(born, pa.int64()).cast(TIMESTAMP_MS),
-        ],
-        schema=MESSAGE_SCHEMA,
-    )
-
-
-def _body_bytes(i: int, body: Any) -> bytes:
-    if body is None:
-        raise BadBatchError(f"message {i} has no body")
-    return body.encode("utf-8") if isinstance(body, str) else bytes(body)
-
-
-def _key_text(i: int, key: Any) -> str | None:
-    if isinstance(key, (bytes, bytearray, memoryview)):
-        try:
-            return bytes(key).decode("utf-8")
-        except UnicodeDecodeError:
-            raise BadBatchError(f"message {i}: binary key is not valid UTF-8") from None
-    return None if key is None else str(key)
+    return decode(message_rows.encode_rows(messages))
 
 
 def message_batch(payload: bytes | memoryview) -> tuple[bytes | memoryview, int]:
@@ -372,10 +341,21 @@ def _check_length(what: str, longest: int, limit: int) -> None:
 
 
 def _int64_values(chunk: pa.Array) -> np.ndarray:
-    """The values of a timestamp array without nulls (``normalize`` filled them)."""
+    """The values of a timestamp array, nulls as 0 (``normalize`` filled them)."""
     if chunk.null_count:
-        chunk = pc.fill_null(chunk.cast(pa.int64()), 0)
-    return np.frombuffer(chunk.buffers()[1], np.int64, len(chunk), chunk.offset * 8)
+        chunk = pc.fill_null(chunk.cast(pa.int64()), _int64_scalar(0, pa.int64()))
+    return numbers(chunk, np.int64)
+
+
+def numbers(values: pa.Array | pa.ChunkedArray, dtype: type) -> np.ndarray:
+    """The values of a fixed-width integer (or timestamp) array without nulls, as numpy: views of
+    its buffers, copied only to join chunks. (``to_numpy`` imports pandas on first use.)"""
+    chunks = [chunk for chunk in (values.chunks if isinstance(values, pa.ChunkedArray) else [values]) if len(chunk)]
+    if any(chunk.null_count for chunk in chunks):
+        raise ValueError("numbers() of an array with nulls")
+    size = np.dtype(dtype).itemsize
+    parts = [np.frombuffer(chunk.buffers()[1], dtype, len(chunk), chunk.offset * size) for chunk in chunks]
+    return parts[0] if len(parts) == 1 else np.concatenate(parts) if parts else np.empty(0, dtype)
 
 
 def _longest_value(chunk: pa.Array) -> int:
@@ -427,7 +407,7 @@ def decode_stamped_records(bodies: Sequence[bytes], store_timestamps: Sequence[i
     tables, stamps = [], []
     for compacted, records, table in _decoded_runs(bodies):
         if compacted:
-            stamps.append(table.column("store_timestamp").cast(pa.int64()).to_numpy())
+            stamps.append(numbers(table.column("store_timestamp"), np.int64))
             table = table.select(MESSAGE_SCHEMA.names)
         else:
             stamps.append(np.repeat(np.asarray(store_timestamps[records], dtype=np.int64), counts[records]))
@@ -460,7 +440,7 @@ def _decoded_runs(bodies: Sequence[bytes]) -> list[tuple[bool, slice, pa.Table]]
 def compacted_body(table: pa.Table, store_timestamps: np.ndarray) -> bytes:
     """One record body for the messages of many small records (message columns) with each
     message's store timestamp, which the record header cannot hold (``broker.storage.compaction``)."""
-    stamped = table.append_column(COMPACTED_SCHEMA.field("store_timestamp"), _int64_array(
+    stamped = table.append_column(COMPACTED_SCHEMA.field("store_timestamp"), int64_array(
         np.ascontiguousarray(store_timestamps, dtype=np.int64), TIMESTAMP_MS))
     return encode(stamped.combine_chunks())
 
@@ -470,7 +450,7 @@ def first_stamped_at_or_after(body: bytes, timestamp: int) -> int:
     ``timestamp``; 0 for any other record (all its messages share the header's timestamp)."""
     if not body.startswith(COMPACTED_SCHEMA_IPC):
         return 0
-    stamps = decode(body).column("store_timestamp").cast(pa.int64()).to_numpy()
+    stamps = numbers(decode(body).column("store_timestamp"), np.int64)
     return int(np.searchsorted(stamps, timestamp, side="left"))
 
 
@@ -485,15 +465,20 @@ def with_offsets_and_stamps(table: pa.Table, first_offset: int, stamps: np.ndarr
     """``table`` with ``queue_offset`` (first_offset, first_offset+1, ...) and ``store_timestamp``
     (one per message)."""
     offsets = np.arange(first_offset, first_offset + table.num_rows, dtype=np.int64)
-    return table.append_column(STORED_SCHEMA.field("queue_offset"), _int64_array(offsets, pa.int64())).append_column(
-        STORED_SCHEMA.field("store_timestamp"), _int64_array(np.ascontiguousarray(stamps, dtype=np.int64), TIMESTAMP_MS)
+    return table.append_column(STORED_SCHEMA.field("queue_offset"), int64_array(offsets, pa.int64())).append_column(
+        STORED_SCHEMA.field("store_timestamp"), int64_array(np.ascontiguousarray(stamps, dtype=np.int64), TIMESTAMP_MS)
     )
 
 
-def _int64_array(values: np.ndarray, typ: pa.DataType) -> pa.Array:
-    # Wraps the numpy buffer as is: pa.array(ndarray) would also import pandas on first use,
-    # a quarter-second stall on a broker's first pull.
+def int64_array(values: np.ndarray, typ: pa.DataType) -> pa.Array:
+    """An int64 (or timestamp) array wrapping the contiguous buffer of ``values`` as is:
+    ``pa.array(ndarray)`` would also import pandas on first use, a quarter-second stall."""
     return pa.Array.from_buffers(typ, len(values), [None, pa.py_buffer(values)])
+
+
+def _int64_scalar(value: int, typ: pa.DataType) -> pa.Scalar:
+    # Not pa.scalar(value): it imports pandas on first use, as pa.array does.
+    return int64_array(np.array([value], np.int64), typ)[0]
 
 
 def string_array(values: Sequence[str | bytes], binary: bool = False) -> pa.Array:
@@ -506,4 +491,4 @@ def string_array(values: Sequence[str | bytes], binary: bool = False) -> pa.Arra
     return pa.Array.from_buffers(typ, len(data), [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(data))])
 
 
-from broker.wire import one_message  # noqa: E402 - a cycle: it builds its template with this module
+from broker.wire import message_rows, one_message  # noqa: E402 - a cycle: they lay out this module's schema

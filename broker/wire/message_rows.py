@@ -1,12 +1,12 @@
-"""Message dicts as one Arrow IPC stream, laid out directly: what a pipelining producer sends.
+"""Message dicts as one Arrow IPC stream, laid out directly: what a pipelining producer sends,
+and how ``codec.messages_to_batch`` makes its tables.
 
-``codec.messages_to_batch`` builds Arrow arrays from Python lists: about 150 µs a batch before its
-first row (five conversions, a table, a serializer), and the first ``pa.array`` of a list imports
-pandas into the process. A pipelining producer turns every message it sends into a row of such a
-batch. ``encode_rows`` writes the buffers pyarrow would write, each padded to 8 bytes, with
-``bytes.join``, ``array`` and ``struct``, behind the metadata ``broker.wire.ipc_layout`` packs: byte
-for byte what ``codec.encode(codec.messages_to_batch(rows))`` gives (tested), so the broker checks
-and keeps it as it does any batch.
+Building Arrow arrays from Python lists (``pa.array`` of each column, a table, a serializer) cost
+about 150 µs a batch before its first row, and the first ``pa.array`` of a list imports pandas into
+the process. A pipelining producer turns every message it sends into a row of such a batch.
+``encode_rows`` writes the buffers pyarrow would write, each padded to 8 bytes, with ``bytes.join``,
+numpy and ``array``, behind the metadata ``broker.wire.ipc_layout`` packs: byte for byte what
+pyarrow writes for the same rows (tested), so the broker checks and keeps it as it does any batch.
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ def _utf8(i: int, value: str, what: str) -> bytes:
 
 
 def _texts(values: Sequence, what: str) -> list[bytes | None]:
-    """Strings as UTF-8 (None kept); anything else as its ``str``, as ``messages_to_batch`` does."""
+    """Strings as UTF-8 (None kept); anything else as its ``str`` (an int key: its decimal string)."""
     try:
         if None not in values:
             return list(map(str.encode, values))
@@ -205,7 +205,7 @@ def _columns(rows: Sequence[Mapping[str, Any]]) -> list[tuple]:
 
 def encode_rows(rows: Sequence[Mapping[str, Any]]) -> bytes:
     """The Arrow IPC stream of message dicts (``body`` and optionally ``key``, ``tag``,
-    ``properties``, ``born_timestamp``), as ``codec.messages_to_batch`` reads them."""
+    ``properties``, ``born_timestamp``: now when absent)."""
     if not rows:
         raise BadBatchError("empty batch: send at least one message")
     keys, tags, bodies, properties, born = _columns(rows)

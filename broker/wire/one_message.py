@@ -3,8 +3,8 @@
 Building Arrow arrays for a single row costs far more than the row's bytes (five arrays, a table,
 a serializer), and a synchronous send pays it for every message. This module writes body and
 metadata with ``struct`` alone, the metadata where ``broker.wire.ipc_layout`` found pyarrow puts it.
-The result is byte for byte what ``codec.encode(codec.messages_to_batch([row]))`` gives (tested),
-so the broker stores it as sent.
+The result is byte for byte what pyarrow writes for the same message (tested), so the broker stores
+it as sent.
 
 The broker checks such a payload the same way round (``decode_one``): it reads the message out
 of the places ``encode_one`` puts it and accepts the payload only when encoding that message gives
@@ -112,7 +112,7 @@ def _key_bytes(key: Any) -> bytes | None:
 
 def encode_one(row: Mapping[str, Any]) -> bytes:
     """The Arrow IPC stream of one message dict (``body`` and optionally ``key``, ``tag``,
-    ``properties``, ``born_timestamp``), as ``codec.messages_to_batch`` reads them."""
+    ``properties``, ``born_timestamp``), as ``broker.wire.message_rows`` reads them."""
     body = row.get("body")
     if body is None:
         raise BadBatchError("message 0 has no body")

@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import xxhash
 
+from broker.wire import codec
 from broker.wire.errors import InvalidRequestError
 
 __all__ = ["SPARK_XXHASH_SEED", "key_bytes", "queue_for_key", "queue_ids", "routable_key_type", "spark_xxhash64"]
@@ -77,7 +78,7 @@ def queue_ids(keys: pa.Array | pa.ChunkedArray, queue_count: int) -> np.ndarray:
         keys = keys.combine_chunks()
     typ = keys.type
     if pa.types.is_integer(typ):
-        values = keys.cast(pa.int64()).to_numpy(zero_copy_only=False)
+        values = codec.numbers(keys.cast(pa.int64()), np.int64)
         return np.mod(values, queue_count).astype(np.int32)
     if pa.types.is_string_view(typ) or pa.types.is_binary_view(typ):
         keys = keys.cast(pa.binary())
@@ -92,7 +93,7 @@ def queue_ids(keys: pa.Array | pa.ChunkedArray, queue_count: int) -> np.ndarray:
         # created, paid, shipped). 10,000 rows of 1,000 keys: 1.6 -> 0.4 ms; all distinct: 1.7 -> 2.1 ms.
         distinct = pc.dictionary_encode(keys)
         per_key = np.mod(_xxhash64(distinct.dictionary), queue_count).astype(np.int32)
-        return per_key[distinct.indices.to_numpy(zero_copy_only=False)]
+        return per_key[codec.numbers(distinct.indices, np.int32)]
     raise TypeError(f"a sharding key must be an integer, string or binary column, not {typ}")
 
 

@@ -103,7 +103,8 @@ def _split_by_queue(table: pa.Table, queue_of_row: np.ndarray) -> list[RoutedChu
         return [RoutedChunk(first, table, list(range(table.num_rows)))]
     order = np.argsort(queue_of_row, kind="stable")
     ids, starts = np.unique(queue_of_row[order], return_index=True)
-    return [RoutedChunk(int(qid), table.take(pa.array(rows)), rows.tolist())
+    return [RoutedChunk(int(qid), table.take(codec.int64_array(np.ascontiguousarray(rows, np.int64), pa.int64())),
+                        rows.tolist())
             for qid, rows in zip(ids, np.split(order, starts[1:]), strict=True)]
 
 

@@ -1,5 +1,5 @@
-"""``encode_one`` writes the Arrow IPC stream of one message directly: byte for byte what the
-general encoder writes, for every shape of message, and the errors it gives for bad ones."""
+"""``encode_one`` writes the Arrow IPC stream of one message directly: byte for byte what pyarrow
+writes for it, for every shape of message, and the errors it gives for bad ones."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import pytest
 from broker.wire import codec
 from broker.wire.errors import BadBatchError
 from broker.wire.one_message import decode_one, encode_one
+from tests.support import arrow_batch
 
 ROWS = [
     {"key": "key-1", "body": b"x" * 100, "tag": None, "properties": None, "born_timestamp": 5},
@@ -25,7 +26,7 @@ ROWS = [
 def test_one_message_is_encoded_as_the_general_encoder_does_and_stored_as_sent(row):
     row = {"born_timestamp": 1_700_000_000_000, **row}
     payload = encode_one(row)
-    assert payload == codec.encode(codec.messages_to_batch([row]))
+    assert payload == codec.encode(arrow_batch([row]))
     stored, count = codec.message_batch(payload)
     assert stored is payload and count == 1
 
