@@ -5,7 +5,7 @@ uvloop's where it is installed (see ``_new_event_loop``).
 What may wait indefinitely lives on the loop: a long-polling ``Pull`` awaits the queue's arrivals
 (``QueueLog.wait_for_data_async``) and an open ``SendStream`` awaits its next request, so a thousand
 idle polls and streams hold no thread and never starve ``Health`` or a producer. What may block
-(fsync, file writes, big reads and encodes) runs on a pool of ``config.workers`` threads; what is
+(fsync, file writes, big reads and encodes) runs on up to ``config.workers`` threads (``ThreadHops``); what is
 cheap and in memory runs on the loop itself, where a round trip is fastest.
 
 Every failure becomes a precise status with trailing metadata (error kind, next offset) in one
@@ -27,7 +27,6 @@ import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from concurrent import futures
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +44,7 @@ from broker.security.http import ReloadingSslContext
 from broker.security.throttle import peer_host
 from broker.send_port import SendPort, serve_send_port, serves_send_port
 from broker.service import BrokerService
+from broker.thread_hops import ThreadHops
 from broker.wire.errors import (
     ERROR_KIND_KEY,
     InvalidRequestError,
@@ -104,10 +104,9 @@ async def _abort_malformed(context: grpc.aio.ServicerContext, raw: bytes, reques
 class _Transport:
     """The async handlers of one ``BrokerService``: where each call runs, and its error mapping."""
 
-    def __init__(self, service: BrokerService, pool: futures.ThreadPoolExecutor,
-                 guard: AccessGuard | None = None) -> None:
+    def __init__(self, service: BrokerService, threads: ThreadHops, guard: AccessGuard | None = None) -> None:
         self.service = service
-        self.pool = pool
+        self.threads = threads
         # In a broker group a send may wait for its slaves: never on the loop that serves them.
         self.sends_on_loop = service.config.flush == "async" and not service.config.clustered
         self.metrics = service.metrics
@@ -133,7 +132,7 @@ class _Transport:
         return pb.ListTopicsResponse(topics=routes)
 
     async def on_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+        return await self.threads.run(fn, *args)
 
     def send_on_loop(self, request: pb.SendRequest | SendRequestView, size: int) -> bool:
         """Whether a send of ``size`` bytes on the wire is stored right here on the loop. The size
@@ -367,7 +366,7 @@ class RunningBroker:
     _stop_event: threading.Event
     _housekeeper: threading.Thread
     _loop: _LoopThread
-    _pool: futures.ThreadPoolExecutor
+    _threads: ThreadHops
     metrics_port: int | None = None  # the Prometheus endpoint's port, when serving one
     send_port: SendPort | None = None  # the lean send port (broker.send_port), when served
 
@@ -386,7 +385,7 @@ class RunningBroker:
             self.service.cluster.stop()
         self._loop.call(self.server.stop(grace))
         self._loop.close()
-        self._pool.shutdown(wait=True)
+        self._threads.shutdown(wait=True)
         self._housekeeper.join(timeout=5)
         self.service.close()
         log.info("broker %s stopped", self.config.broker_name)
@@ -427,7 +426,7 @@ async def _serve(config: BrokerConfig, transport: _Transport) -> tuple[grpc.aio.
     # RocketMQ 5 clients, same port; refused under access control (they sign requests with their
     # plaintext secret, which the broker does not keep).
     if transport.guard is None:
-        rocketmq = rocketmq_handler(transport.service, transport.pool)
+        rocketmq = rocketmq_handler(transport.service, transport.threads)
     else:
         rocketmq = refusal_handler(ACL_REFUSAL)
         log.warning("RocketMQ 5 protocol not served: %s", ACL_REFUSAL)
@@ -463,7 +462,7 @@ def start_broker(config: BrokerConfig) -> RunningBroker:
         from broker.cluster.node import ClusterNode  # kazoo is the `cluster` extra: imported only when used
 
         service.cluster = ClusterNode(service, link, zookeeper)
-    pool = futures.ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="orderlymq-rpc")
+    threads = ThreadHops(config.workers, "orderlymq-rpc")
     loop = _LoopThread()
     server = send_port = None
 
@@ -474,10 +473,10 @@ def start_broker(config: BrokerConfig) -> RunningBroker:
         if server is not None:
             loop.call(server.stop(0))
         loop.close()
-        pool.shutdown()
+        threads.shutdown()
         service.close()
 
-    transport = _Transport(service, pool, guard)
+    transport = _Transport(service, threads, guard)
     try:
         server, port = loop.call(_serve(config, transport))
     except BaseException:
@@ -517,4 +516,4 @@ def start_broker(config: BrokerConfig) -> RunningBroker:
              config.data_dir, config.flush, "mutual TLS" if config.tls_client_ca_file else "TLS" if config.tls
              else "plaintext", f"ACL {config.acl_file}" if guard else "no access control",
              f"send port {send_port.port}" if send_port else "no send port")
-    return RunningBroker(server, service, config, port, stop, housekeeper, loop, pool, metrics_port, send_port)
+    return RunningBroker(server, service, config, port, stop, housekeeper, loop, threads, metrics_port, send_port)

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-from concurrent import futures
 
 import grpc
+
+from broker.thread_hops import ThreadHops
 
 __all__ = ["ACL_REFUSAL", "available", "refusal_handler", "rocketmq_handler"]
 
@@ -32,7 +33,7 @@ def available() -> bool:
     return importlib.util.find_spec("rocketmq") is not None
 
 
-def rocketmq_handler(service, pool: futures.ThreadPoolExecutor) -> grpc.GenericRpcHandler | None:
+def rocketmq_handler(service, threads: ThreadHops) -> grpc.GenericRpcHandler | None:
     """The handler of the RocketMQ service over ``service`` (a ``BrokerService``), or None without the stubs."""
     if not available():
         log.info("RocketMQ 5 protocol not served: install orderlymq[rocketmq] to let RocketMQ 5 clients connect")
@@ -40,7 +41,7 @@ def rocketmq_handler(service, pool: futures.ThreadPoolExecutor) -> grpc.GenericR
     from broker.rocketmq.service import RocketMQService
 
     log.info("serving apache.rocketmq.v2.MessagingService beside orderlymq.v1: RocketMQ 5 clients may connect")
-    return RocketMQService(service, pool).generic_handler()
+    return RocketMQService(service, threads).generic_handler()
 
 
 def refusal_handler(reason: str) -> grpc.GenericRpcHandler:

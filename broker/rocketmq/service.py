@@ -15,7 +15,6 @@ import itertools
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from concurrent import futures
 from typing import Any
 
 import grpc
@@ -28,6 +27,7 @@ from broker.rocketmq.protocol import SERVICE_NAME, Code, definition, service
 from broker.rocketmq.settings import LONG_POLLING_S, RECEIVE_BATCH_SIZE, settings_for
 from broker.rocketmq.statuses import RocketMQStatusError, ok, status, status_for
 from broker.rocketmq.transactions import HalfMessages
+from broker.thread_hops import ThreadHops
 from broker.wire.errors import NotMasterError, TopicNotFoundError
 from broker.wire.one_message import encode_one
 from broker.wire.tags import parse_tag_expression
@@ -94,15 +94,15 @@ def _tags(expression: definition.FilterExpression) -> frozenset[str] | None:
 class RocketMQService:
     """The RocketMQ 5 RPCs; ``generic_handler()`` registers them on the broker's gRPC server."""
 
-    def __init__(self, broker, pool: futures.ThreadPoolExecutor) -> None:
+    def __init__(self, broker, threads: ThreadHops) -> None:
         self.broker = broker
-        self.pool = pool
+        self.threads = threads
         self.consumption = Consumption(broker)
         self.half_messages = HalfMessages(broker)
         self._round_robin = itertools.count()
 
     async def _on_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+        return await self.threads.run(fn, *args)
 
     def _queue_count(self, topic: str) -> int:
         try:
