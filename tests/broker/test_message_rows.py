@@ -24,7 +24,7 @@ def _stamped(rows):
     return [{"born_timestamp": 1_700_000_000_000 + i, **row} for i, row in enumerate(rows)]
 
 
-def _assert_encoded_as_the_general_encoder_does(rows):
+def _assert_encoded_as_pyarrow_does(rows):
     payload = encode_rows(rows)
     assert payload == codec.encode(arrow_batch(rows))
     stored, count = codec.message_batch(payload)
@@ -33,18 +33,18 @@ def _assert_encoded_as_the_general_encoder_does(rows):
 
 
 @pytest.mark.parametrize("count", [1, 2, 7, 8, 9, 64, 1000])
-def test_a_mix_of_messages_is_encoded_as_the_general_encoder_does(count):
+def test_a_mix_of_messages_is_encoded_as_pyarrow_does(count):
     rows = _stamped(ROWS[i % len(ROWS)] for i in range(count))
-    payload = _assert_encoded_as_the_general_encoder_does(rows)
+    payload = _assert_encoded_as_pyarrow_does(rows)
     decoded = codec.decode(payload)
     assert decoded.column("body").to_pylist() == [bytes(row["body"]) if not isinstance(row["body"], str)
                                                   else row["body"].encode() for row in rows]
 
 
 @pytest.mark.parametrize("count", [1, 9, 300])
-def test_messages_as_a_producer_makes_them_are_encoded_as_the_general_encoder_does(count):
+def test_messages_as_a_producer_makes_them_are_encoded_as_pyarrow_does(count):
     """Keyed messages, no tag or properties: what ``send_async`` batches."""
-    _assert_encoded_as_the_general_encoder_does(_stamped({"key": f"key-{i % 7}", "body": b"b" * (i % 50), "tag": None,
+    _assert_encoded_as_pyarrow_does(_stamped({"key": f"key-{i % 7}", "body": b"b" * (i % 50), "tag": None,
                                                           "properties": None} for i in range(count)))
 
 
@@ -59,8 +59,8 @@ _rows = st.fixed_dictionaries(
 
 
 @given(st.lists(_rows, min_size=1, max_size=40))
-def test_any_messages_are_encoded_as_the_general_encoder_does(rows):
-    _assert_encoded_as_the_general_encoder_does(_stamped(rows))
+def test_any_messages_are_encoded_as_pyarrow_does(rows):
+    _assert_encoded_as_pyarrow_does(_stamped(rows))
 
 
 @pytest.mark.parametrize(

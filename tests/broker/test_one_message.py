@@ -23,7 +23,7 @@ ROWS = [
 
 
 @pytest.mark.parametrize("row", ROWS, ids=range(len(ROWS)))
-def test_one_message_is_encoded_as_the_general_encoder_does_and_stored_as_sent(row):
+def test_one_message_is_encoded_as_pyarrow_does_and_stored_as_sent(row):
     row = {"born_timestamp": 1_700_000_000_000, **row}
     payload = encode_one(row)
     assert payload == codec.encode(arrow_batch([row]))
