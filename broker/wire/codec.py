@@ -33,6 +33,8 @@ __all__ = [
     "empty_stored_table",
     "int64_array",
     "numbers",
+    "string_array",
+    "value_offsets",
     "encode",
     "encode_parts",
     "first_stamped_at_or_after",
@@ -78,6 +80,7 @@ _KNOWN_SCHEMAS = ((MESSAGE_SCHEMA, MESSAGE_SCHEMA_IPC), (STORED_SCHEMA, STORED_S
                   (COMPACTED_SCHEMA, COMPACTED_SCHEMA_IPC))
 _LONGEST_SCHEMA_IPC = max(len(message) for _schema, message in _KNOWN_SCHEMAS)
 END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+_MAX_OFFSET = 2**31 - 1  # of a 32-bit offsets buffer
 # Consecutive stored bodies under this size are read as one stream (one decode in C++, not one per
 # record); bigger ones are decoded one by one, in place.
 _JOINED_BODY_BYTES = 64 * 1024
@@ -486,9 +489,18 @@ def string_array(values: Sequence[str | bytes], binary: bool = False) -> pa.Arra
     of a list imports pandas into the process on first use."""
     typ = pa.binary() if binary else pa.string()
     data = [value.encode() if isinstance(value, str) else value for value in values]
-    offsets = np.zeros(len(data) + 1, "<i4")
-    np.cumsum([len(value) for value in data], out=offsets[1:])
-    return pa.Array.from_buffers(typ, len(data), [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(data))])
+    return pa.Array.from_buffers(typ, len(data), [None, pa.py_buffer(value_offsets(data)), pa.py_buffer(b"".join(data))])
+
+
+def value_offsets(values: Sequence) -> bytes:
+    """The 32-bit offsets buffer of a column of ``values`` (anything with a ``len``: bytes, maps;
+    ``str`` when all ASCII); ``OverflowError`` past 2 GiB."""
+    ends = np.cumsum(np.fromiter(map(len, values), np.int64, len(values)))
+    if len(ends) and ends[-1] > _MAX_OFFSET:
+        raise OverflowError(f"{ends[-1]} bytes in one column")
+    offsets = np.zeros(len(values) + 1, "<i4")
+    offsets[1:] = ends
+    return offsets.tobytes()
 
 
 from broker.wire import message_rows, one_message  # noqa: E402 - a cycle: they lay out this module's schema

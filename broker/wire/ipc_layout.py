@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import struct
 
+import numpy as np
 import pyarrow as pa
 
 from broker.wire import codec
@@ -49,7 +50,7 @@ def _one_row_batch() -> pa.RecordBatch:
                                          fields=[properties.key_field, properties.item_field])
     columns = [codec.string_array(["k"]), codec.string_array(["t"]), codec.string_array([b"b"], binary=True),
                pa.Array.from_buffers(properties, 1, [None, pa.py_buffer(struct.pack("<ii", 0, 1))], children=[entries]),
-               pa.Array.from_buffers(codec.TIMESTAMP_MS, 1, [None, pa.py_buffer(struct.pack("<q", 0))])]
+               codec.int64_array(np.zeros(1, np.int64), codec.TIMESTAMP_MS)]
     return pa.RecordBatch.from_arrays(columns, schema=codec.MESSAGE_SCHEMA)
 
 

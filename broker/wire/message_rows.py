@@ -30,7 +30,6 @@ _NAMES = ("key", "tag", "body", "properties", "born_timestamp")
 _FIELDS = itemgetter(*_NAMES)
 _TEXT = {str, type(None)}
 _BYTES = {bytes}
-_MAX_OFFSET = 2**31 - 1
 _LITTLE_ENDIAN = sys.byteorder == "little"  # Arrow's buffers are little-endian; array() writes the machine's order
 
 
@@ -39,16 +38,6 @@ def _numbers(code: str, values) -> bytes:
     if not _LITTLE_ENDIAN:
         numbers.byteswap()
     return numbers.tobytes()
-
-
-def _offsets(values: Sequence) -> bytes:
-    """The 32-bit offsets of a column of ``values`` (anything with a ``len``: strings, maps)."""
-    ends = np.cumsum(np.fromiter(map(len, values), np.int64, len(values)))
-    if len(ends) and ends[-1] > _MAX_OFFSET:
-        raise OverflowError(f"{ends[-1]} bytes in one column")
-    offsets = np.zeros(len(values) + 1, "<i4")
-    offsets[1:] = ends
-    return offsets.tobytes()
 
 
 class _Body:
@@ -88,7 +77,7 @@ class _Body:
             self.buffer(b"")
         else:
             present = values if not nulls else [b"" if value is None else value for value in values]
-            self.buffer(_offsets(present))
+            self.buffer(codec.value_offsets(present))
             self.buffer(b"".join(present))
         if node:
             self.nodes += (len(values), nulls)
@@ -106,7 +95,7 @@ class _Body:
             self.strings(_texts(values, what), node=node)
             return
         self.spans += (self.at, 0)  # no nulls: no validity bitmap
-        self.buffer(_offsets(values if len(data) == len(joined) else _texts(values, what)))  # ASCII: as many bytes
+        self.buffer(codec.value_offsets(values if len(data) == len(joined) else _texts(values, what)))  # ASCII: as many bytes
         self.buffer(data)
         if node:
             self.nodes += (len(values), 0)
@@ -171,7 +160,7 @@ def _properties(body: _Body, maps: Sequence) -> None:
         body.buffer(bytes(4 * (len(maps) + 1)))
         pairs = []
     else:
-        body.buffer(_offsets([entries or () for entries in maps]))
+        body.buffer(codec.value_offsets([entries or () for entries in maps]))
         pairs = [(str(k), str(v)) for entries in maps if entries for k, v in entries.items()]
     body.spans += (body.at, 0)  # the entries' struct: never null
     body.texts([k for k, _ in pairs], "a property key", node=False)
