@@ -8,7 +8,9 @@ time, in queue order:
   is pulled, and skipped until a later rebalance when the lock is refused;
 - every ``lock_interval`` all held queues are locked again (renewal); a queue whose lock was not
   renewed within ``lock_max_live`` is not consumed, and one whose fencing epoch changed meanwhile
-  (someone else may have consumed it) starts over from the committed offset;
+  (its lease lapsed, or the broker restarted) goes on where it was when nobody committed past what
+  this instance consumed and the queue still holds the last message it pulled, else starts over
+  from the committed offset (``_relocked``);
 - one thread at a time consumes a queue (``ProcessQueue.local_lock``), holding
   ``ProcessQueue.consume_lock`` while the listener runs; a queue rebalanced away is committed and
   unlocked only after that lock is free, the unlock delayed by ``unlock_delay`` while pulled
@@ -33,10 +35,12 @@ Example
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
 
+from broker.wire import codec
 from broker.wire.errors import OrderlyMQError
 from connector.client.connection import pb
 from connector.client.listener import ConsumeOrderlyContext, ConsumeOrderlyStatus
@@ -121,6 +125,7 @@ class OrderlyConsumer(PushConsumer):
         self.lock_interval = lock_interval
         self.lock_max_live = lock_max_live
         self.unlock_delay = unlock_delay
+        self._relock_lock = threading.Lock()
 
     @property
     def clustering(self) -> bool:
@@ -192,11 +197,7 @@ class OrderlyConsumer(PushConsumer):
                         log.warning("consumer %s could not renew the lock of %s", self.client_id, pq.mq)
                     pq.locked = False
                 elif epoch != pq.epoch:
-                    # The lock lapsed in between: another client may have consumed. Start over.
-                    log.warning("consumer %s re-locked %s at a new epoch; restarting it", self.client_id, pq.mq)
-                    pq.locked = False
-                    pq.dropped = True
-                    self._rebalance_now.set()
+                    self._relocked(pq, epoch)
                 else:
                     pq.mark_locked(epoch)
 
@@ -209,12 +210,59 @@ class OrderlyConsumer(PushConsumer):
             pq.locked = False
             return False
         if epoch != pq.epoch:
+            return self._relocked(pq, epoch)
+        pq.mark_locked(epoch)
+        return True
+
+    def _fenced(self, pq: ProcessQueue) -> None:
+        """Lock ``pq`` again now rather than at the next renewal: after a broker restart every
+        consumer's pulls and commits are fenced until then."""
+        pq.locked = False
+        if not pq.dropped:
+            self._try_lock_now(pq)
+
+    def _relocked(self, pq: ProcessQueue, epoch: int) -> bool:
+        """``pq``'s lock was granted again at a new ``epoch`` (its lease lapsed, or the broker
+        restarted and forgot its locks): go on where it is when that is safe, else start it over
+        from the committed offset. Returns whether it goes on."""
+        with self._relock_lock:  # the lock thread and a consume thread may both get the new epoch
+            if epoch == pq.epoch:
+                pq.mark_locked(epoch)
+                return True
+            if not pq.dropped and self._may_go_on(pq, epoch):
+                log.info("consumer %s re-locked %s at a new epoch; nothing was consumed past it meanwhile, "
+                         "going on at offset %d", self.client_id, pq.mq, pq.next_offset)
+                pq.mark_locked(epoch)
+                self._commit_wakeup.set()  # what it consumed while the lock was away
+                return True
+            log.warning("consumer %s re-locked %s at a new epoch; restarting it from the committed offset",
+                        self.client_id, pq.mq)
             pq.locked = False
             pq.dropped = True
             self._rebalance_now.set()
             return False
-        pq.mark_locked(epoch)
-        return True
+
+    def _may_go_on(self, pq: ProcessQueue, epoch: int) -> bool:
+        """Whether ``pq`` may go on at ``epoch`` rather than start over: without the lock another
+        instance may have consumed and committed, and a broker restarted after a power cut may
+        have lost its log's tail and stored other messages at those offsets. It may when the
+        group's committed offset is not past what ``pq`` consumed (committing that moves it
+        forward; what another instance consumed meanwhile it consumed again, as a restart would)
+        and the last message ``pq`` pulled is still the one at its offset (a log is only ever cut
+        back from its tail, so everything before it is too)."""
+        last, consumed = pq.last_pulled, pq.consumed_offset()
+        if last is None or consumed < 0:  # nothing consumed: starting over redelivers nothing
+            return False
+        request = self._pull_request(pq)
+        request.offset, request.max_messages, request.epoch = last.queue_offset, 1, epoch
+        try:
+            committed = self.store.read(pq.mq)
+            response = self.connection.call("Pull", request, retry=False)
+        except OrderlyMQError as exc:
+            log.warning("consumer %s could not check %s after re-locking it: %s", self.client_id, pq.mq, exc)
+            return False
+        found = Message.from_table(codec.decode_many(response.batches), pq.mq.topic, pq.mq.queue_id)
+        return committed <= consumed and bool(found) and _same_stored(found[0], last)
 
     def _remove_unnecessary(self, pq: ProcessQueue) -> bool:
         if self.broadcasting:
@@ -386,3 +434,10 @@ class OrderlyConsumer(PushConsumer):
         pq.consume_again(again)
         pq.suspended_until = time.monotonic() + context.suspend_ms / 1000
         return False
+
+
+def _same_stored(found: Message, pulled: Message) -> bool:
+    """Whether ``found`` is the very message ``pulled`` was: a message written at the same offset
+    after a cut has its own store timestamp."""
+    return (found.queue_offset, found.store_timestamp, found.born_timestamp, found.key, found.body) == (
+        pulled.queue_offset, pulled.store_timestamp, pulled.born_timestamp, pulled.key, pulled.body)

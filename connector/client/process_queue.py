@@ -46,6 +46,7 @@ class ProcessQueue:
         self._max_offset = next_offset - 1
         self.committed_offset = -1
         self.pending_commit: int | None = None
+        self.last_pulled: Message | None = None  # what a re-lock checks the broker still holds
 
     def __repr__(self) -> str:
         return (
@@ -87,6 +88,11 @@ class ProcessQueue:
                 return False
             self.pending_commit = offset
             return True
+
+    def consumed_offset(self) -> int:
+        """The offset after what was consumed and committed or staged to be (-1: none yet)."""
+        with self._lock:
+            return max(self.committed_offset, -1 if self.pending_commit is None else self.pending_commit)
 
     def commit_done(self, offset: int) -> None:
         with self._lock:

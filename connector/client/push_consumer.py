@@ -472,11 +472,12 @@ class PushConsumer(abc.ABC):
             with self._table_lock:
                 pqs = list(self.table.values())
             for pq in pqs:
-                if pq.pending_commit is not None and not pq.dropped:
-                    self._persist(pq)
+                if pq.pending_commit is not None and not pq.dropped and (pq.locked or not pq.epoch):
+                    self._persist(pq)  # an orderly queue's commit waits for its lock (fenced without)
 
     def _persist(self, pq: ProcessQueue) -> bool:
-        """Send ``pq``'s staged commit now; False when the broker fenced it (the queue is lost)."""
+        """Send ``pq``'s staged commit now; False when the broker fenced it (the commit stays staged
+        for when the queue is locked again)."""
         with pq.commit_lock:
             offset = pq.pending_commit
             if offset is None:
@@ -484,16 +485,19 @@ class PushConsumer(abc.ABC):
             try:
                 self.store.commit(pq.mq, offset, pq.epoch or None)
             except FencedError as exc:
-                log.warning("consumer %s lost %s: %s", self.client_id, pq.mq, exc)
-                pq.locked = False
-                pq.dropped = True
-                self._rebalance_now.set()
-                return False
+                log.warning("consumer %s: the broker refused the commit of %s: %s", self.client_id, pq.mq, exc)
             except OrderlyMQError as exc:
                 log.warning("consumer %s could not commit %s at %d (retrying): %s", self.client_id, pq.mq, offset, exc)
                 return True
-            pq.commit_done(offset)
-            return True
+            else:
+                pq.commit_done(offset)
+                return True
+        self._fenced(pq)  # fenced: outside the commit lock, as re-locking calls the broker
+        return False
+
+    def _fenced(self, pq: ProcessQueue) -> None:
+        """The broker refused ``pq``'s lock epoch (on a pull or a commit): not consumed until locked again."""
+        pq.locked = False
 
     # -- pulling -------------------------------------------------------------------------------
 
@@ -589,7 +593,7 @@ class PushConsumer(abc.ABC):
         """Handle a failed pull of ``pq``; False when the broker is unavailable (stop this pass)."""
         if isinstance(exc, FencedError):
             log.warning("consumer %s fenced on %s: %s", self.client_id, pq.mq, exc)
-            pq.locked = False
+            self._fenced(pq)
         elif isinstance(exc, OffsetOutOfRangeError):
             self._out_of_range(pq, exc)
         elif isinstance(exc, BrokerUnavailableError):
@@ -607,6 +611,7 @@ class PushConsumer(abc.ABC):
         messages = Message.from_table(codec.decode_many(response.batches), pq.mq.topic, pq.mq.queue_id)
         previous, pq.next_offset = pq.next_offset, response.next_offset
         if messages:
+            pq.last_pulled = messages[-1]
             self._dispatch(pq, messages)
             return True
         if response.next_offset > previous and pq.idle():
