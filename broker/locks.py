@@ -12,9 +12,14 @@ other than as a renewal of a live lock by the same client (a new holder, or the 
 its lease expired or it unlocked). Pulls and offset commits carry the epoch and ``check`` refuses a
 stale one, so a consumer that lost its lock (a GC pause, a partition) cannot commit over its successor.
 
-Locks live in memory only, as in RocketMQ: after a broker restart no queue is locked. Epochs are
-persisted on every bump (before the grant is returned), so the first grant after a restart gets an
-epoch above any handed out before it, and every old holder is fenced. They live in an SQLite
+Epochs are persisted on every bump (before the grant is returned), so the first grant after a
+restart gets an epoch above any handed out before it, and every old holder is fenced: what a
+consumer pulled may be gone after a power cut, so it must look before it goes on. Who holds each
+queue is persisted with the bump too (and forgotten at an unlock), and a restart keeps each queue
+for its holder for one lease: the holder locks it again (at a new epoch), anyone else is refused
+until then, as though the broker had never stopped. Without that, the first member of a group to
+come back after a restart (the others not yet heard from) would take every queue, and the others'
+consumed but uncommitted messages would be consumed again. Epochs and holders live in an SQLite
 database (``broker.statedb``), so a bump costs a row upserted and one fsync whatever the number of
 groups; an older broker's ``lock-epochs.json`` is imported once and renamed ``.migrated``.
 """
@@ -32,7 +37,7 @@ from pathlib import Path
 from broker.clocks import steady_ms
 from broker.persist import load_state
 from broker.statedb import StateDB
-from broker.wire.errors import FencedError, InvalidRequestError
+from broker.wire.errors import FencedError, InvalidRequestError, OrderlyMQError
 from broker.wire.limits import MAX_CLIENT_ID_BYTES, MAX_GROUP_BYTES, MAX_TOPIC_BYTES, check_name, shown
 
 __all__ = ["LockInfo", "LockManager"]
@@ -45,8 +50,13 @@ CREATE TABLE IF NOT EXISTS epochs (
     grp TEXT NOT NULL, topic TEXT NOT NULL, queue_id INTEGER NOT NULL, epoch INTEGER NOT NULL,
     PRIMARY KEY (grp, topic, queue_id)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS holders (
+    grp TEXT NOT NULL, topic TEXT NOT NULL, queue_id INTEGER NOT NULL, client_id TEXT NOT NULL,
+    PRIMARY KEY (grp, topic, queue_id)
+) WITHOUT ROWID;
 """
 _UPSERT = "INSERT OR REPLACE INTO epochs (grp, topic, queue_id, epoch) VALUES (?, ?, ?, ?)"
+_UPSERT_HOLDER = "INSERT OR REPLACE INTO holders (grp, topic, queue_id, client_id) VALUES (?, ?, ?, ?)"
 _FLOOR, _MIGRATED = "floor", "migrated lock-epochs.json"
 
 
@@ -65,6 +75,7 @@ class LockInfo:
 class _Entry:
     client_id: str
     expires_at: int  # steady ms (broker.clocks)
+    kept: bool = False  # kept over a restart for its holder, who must lock it again to use it
 
 
 class LockManager:
@@ -130,14 +141,14 @@ class LockManager:
                 live = entry is not None and now < entry.expires_at
                 if live and entry.client_id != client_id:
                     continue  # held by someone else: refused until the lease expires
-                if not live:
-                    # A new holder, or the same client after its lease lapsed: fence older epochs.
+                if not live or entry.kept:
+                    # A new holder, the same client after its lease lapsed, or after a restart: fence older epochs.
                     new_epochs[qid] = max(new_epochs.get(qid, 0), self._floor) + 1
                 granted[qid] = new_epochs[qid]
             if new_epochs != epochs:
                 # Durable before any grant is visible, so a restart can never reissue an epoch.
                 bumped = [(group, topic, qid, e) for qid, e in new_epochs.items() if epochs.get(qid) != e]
-                self._save(bumped, f"record new fencing epochs of group {shown(group)} on {topic}")
+                self._save(bumped, client_id, f"record new fencing epochs of group {shown(group)} on {topic}")
                 self._epochs[(group, topic)] = new_epochs
             for qid in granted:
                 table[qid] = _Entry(client_id, now + self._lease_ms)
@@ -159,6 +170,7 @@ class LockManager:
             released = [qid for qid in wanted if qid in table and table[qid].client_id == client_id]
             for qid in released:
                 del table[qid]
+            self._forget_holders(group, topic, released)
             return sorted(released)
 
     def check(self, group: str, topic: str, queue_id: int, client_id: str, epoch: int) -> None:
@@ -178,10 +190,8 @@ class LockManager:
             entry = self._locks.get((group, topic), {}).get(queue_id)
             current = self._epochs.get((group, topic), {}).get(queue_id, 0)
             where = f"queue {topic}/{queue_id} of group {group!r}"
-            if entry is None or now >= entry.expires_at:
-                lapsed = entry is not None and entry.client_id == client_id
-                why = f"the lock of {client_id!r} expired {now - entry.expires_at} ms ago" if lapsed else \
-                    "nobody holds it"
+            if entry is None or now >= entry.expires_at or entry.kept:
+                why = _why_not_locked(entry, client_id, now)
                 raise FencedError(
                     f"{where} is not locked ({why}; current epoch {current}), so client {client_id!r} with "
                     f"epoch {epoch} is fenced; re-lock the queue and use the epoch LockBatch returns"
@@ -240,6 +250,7 @@ class LockManager:
                     db.execute("INSERT OR REPLACE INTO meta (name, value) VALUES (?, ?)", (_FLOOR, str(floor)))
             self._floor = floor
             self._locks.clear()  # leases of the previous master's holders are not ours to honour
+            self._forget_holders()
 
     def close(self) -> None:
         """Close the epoch database (every epoch already granted is durable)."""
@@ -256,6 +267,9 @@ class LockManager:
             self._floor = int(self._db.meta(_FLOOR) or 0)
             for group, topic, qid, epoch in self._db.rows("SELECT * FROM epochs"):
                 self._epochs.setdefault((group, topic), {})[qid] = epoch
+            kept_until = self._clock() + self._lease_ms
+            for group, topic, qid, client_id in self._db.rows("SELECT * FROM holders"):
+                self._locks.setdefault((group, topic), {})[qid] = _Entry(client_id, kept_until, kept=True)
         except BaseException:
             self._db.close()
             raise
@@ -280,16 +294,48 @@ class LockManager:
             os.replace(legacy, legacy.with_name(legacy.name + ".migrated"))
         log.info("imported %d lock epochs from %s into %s", len(rows), legacy, self._db.path)
 
-    def _save(self, rows: list[tuple[str, str, int, int]], action: str) -> None:
+    def _save(self, rows: list[tuple[str, str, int, int]], client_id: str, action: str) -> None:
+        """Record new epochs, and ``client_id`` as the holder of each of those queues."""
         if self._db is not None:
             with self._db.transaction(action) as db:
                 db.executemany(_UPSERT, rows)
+                db.executemany(_UPSERT_HOLDER, [(group, topic, qid, client_id) for group, topic, qid, _ in rows])
+
+    def _forget_holders(self, group: str | None = None, topic: str = "", queue_ids: Iterable[int] = ()) -> None:
+        """Forget who held the queues (all of them without ``group``). Not worth failing an unlock
+        for: a holder left behind only keeps its queue from others for one lease after a restart."""
+        if self._db is None:
+            return
+        if group is not None:
+            rows = [(group, topic, qid) for qid in queue_ids]
+            if not rows:
+                return
+        try:
+            with self._db.transaction("forget lock holders") as db:
+                if group is None:
+                    db.execute("DELETE FROM holders")
+                else:
+                    db.executemany("DELETE FROM holders WHERE grp = ? AND topic = ? AND queue_id = ?", rows)
+        except OrderlyMQError as exc:
+            log.warning("%s; after a restart those queues stay with their last holder for one lease", exc)
 
     def _drop(self, topic: str, floor: int) -> None:
         if self._db is not None:
             with self._db.transaction(f"drop the lock epochs of topic {shown(topic)}") as db:
                 db.execute("DELETE FROM epochs WHERE topic = ?", (topic,))
+                db.execute("DELETE FROM holders WHERE topic = ?", (topic,))
                 db.execute("INSERT OR REPLACE INTO meta (name, value) VALUES (?, ?)", (_FLOOR, str(floor)))
+
+
+def _why_not_locked(entry: _Entry | None, client_id: str, now: int) -> str:
+    if entry is None:
+        return "nobody holds it"
+    if now < entry.expires_at:  # kept over a restart
+        return (f"the broker restarted; it is kept for client {entry.client_id!r} for {entry.expires_at - now} ms "
+                "or until that client locks it again")
+    if entry.client_id == client_id:
+        return f"the lock of {client_id!r} expired {now - entry.expires_at} ms ago"
+    return "nobody holds it"
 
 
 _LIMITS = {"group": MAX_GROUP_BYTES, "client_id": MAX_CLIENT_ID_BYTES, "topic": MAX_TOPIC_BYTES}

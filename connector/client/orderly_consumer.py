@@ -223,7 +223,7 @@ class OrderlyConsumer(PushConsumer):
 
     def _relocked(self, pq: ProcessQueue, epoch: int) -> bool:
         """``pq``'s lock was granted again at a new ``epoch`` (its lease lapsed, or the broker
-        restarted and forgot its locks): go on where it is when that is safe, else start it over
+        restarted, which fences every holder): go on where it is when that is safe, else start it over
         from the committed offset. Returns whether it goes on."""
         with self._relock_lock:  # the lock thread and a consume thread may both get the new epoch
             if epoch == pq.epoch:

@@ -147,7 +147,7 @@ class DriverState:
             try:
                 self._commit_one(ref, moved[ref], epochs[ref])
             except FencedError:
-                # The lock was lost (a broker restart frees them all): take it again if nobody else
+                # The lock was lost (a broker restart fences every holder): take it again if nobody else
                 # consumed the queue, else the FencedError names who did.
                 self._commit_one(ref, moved[ref], self.locks.recover(ref))
             self._left[ref] = moved[ref]

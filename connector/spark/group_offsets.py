@@ -2,7 +2,7 @@
 
 A streaming query commits the group's offsets with its client id (fenced by the lock epoch), and
 the broker remembers which client committed each one (``GetOffset.committed_by``). When the query
-finds its lock gone or changed hands (a broker restart frees every lock; a lease that lapsed
+finds its lock gone or changed hands (a broker restart fences every holder; a lease that lapsed
 lets another client in), or starts again from a checkpoint, those offsets tell whether another
 client consumed the queue meanwhile. ``moved_by_other`` is that rule, used by the driver (lock
 renewal, restart from a checkpoint) and by the tasks (a lock lost mid-batch) alike.

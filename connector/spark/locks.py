@@ -6,7 +6,7 @@ while the query runs, and releases them in ``stop()``. Each planned partition ca
 the driver held when it planned it; the task pulls with that epoch and never takes a lock itself
 (a task that did could take a lock again after the stopping driver released it).
 
-A lock found lost or granted again at another epoch (a broker restart frees every lock; a lapsed
+A lock found lost or granted again at another epoch (a broker restart fences every holder; a lapsed
 lease lets any client in) is never adopted silently: the group's committed offsets decide
 (``connector.spark.group_offsets``). Nobody else consumed the queue: the new epoch is adopted
 with a warning. Someone did, or another client holds the lock now: the queue is fenced and the

@@ -175,10 +175,40 @@ def test_epochs_persist_and_go_higher_after_restart(state_path, clock):
     assert first.lock_batch("g", "B", "t", [0]) == {0: 2}
 
     restarted = LockManager(state_path, lease_ms=LEASE, clock=clock)
-    assert restarted.holders("g", "t") == []  # locks are memory only
-    with pytest.raises(FencedError):
+    with pytest.raises(FencedError, match="the broker restarted; it is kept for client 'B'"):
         restarted.check("g", "t", 0, "B", 2)  # the old holder is fenced
-    assert restarted.lock_batch("g", "B", "t", [0, 1, 2]) == {0: 3, 1: 2, 2: 1}
+    # B's 0 at a new epoch; 1 is kept for A, whose lease had lapsed unseen (a restart gives it a lease).
+    assert restarted.lock_batch("g", "B", "t", [0, 1, 2]) == {0: 3, 2: 1}
+
+
+def test_a_restart_keeps_each_queue_for_its_holder_for_one_lease(state_path, clock):
+    first = LockManager(state_path, lease_ms=LEASE, clock=clock)
+    assert first.lock_batch("g", "A", "t", [0, 1, 2]) == {0: 1, 1: 1, 2: 1}
+    assert first.unlock_batch("g", "A", "t", [2]) == [2]
+    clock.advance(LEASE - 1)
+    assert first.lock_batch("g", "A", "t", [0, 1]) == {0: 1, 1: 1}  # a renewal writes nothing
+    first.close()
+
+    restarted = LockManager(state_path, lease_ms=LEASE, clock=clock)
+    assert [(h.queue_id, h.client_id, h.epoch, h.expires_in_ms) for h in restarted.holders("g", "t")] == [
+        (0, "A", 1, LEASE), (1, "A", 1, LEASE)]
+    assert restarted.lock_batch("g", "B", "t", [0, 1, 2]) == {2: 2}  # the unlocked one is free
+    with pytest.raises(FencedError, match="not locked .*kept for client 'A'"):
+        restarted.check("g", "t", 0, "B", 1)
+    assert restarted.lock_batch("g", "A", "t", [0]) == {0: 2}  # its holder takes it at a new epoch
+    restarted.check("g", "t", 0, "A", 2)
+    clock.advance(LEASE)
+    assert restarted.lock_batch("g", "B", "t", [0, 1]) == {0: 3, 1: 2}  # kept no longer than a lease
+
+
+def test_a_new_master_keeps_no_queue_for_holders_of_the_last(state_path, clock):
+    first = LockManager(state_path, lease_ms=LEASE, clock=clock)
+    first.lock_batch("g", "A", "t", [0])
+    first.raise_floor(10)
+    first.close()
+    restarted = LockManager(state_path, lease_ms=LEASE, clock=clock)
+    assert restarted.holders("g", "t") == []
+    assert restarted.lock_batch("g", "B", "t", [0]) == {0: 11}
 
 
 def test_on_a_full_disk_renewals_go_on_and_new_epochs_fail_clearly(tmp_path, clock):
@@ -196,9 +226,12 @@ def test_on_a_full_disk_renewals_go_on_and_new_epochs_fail_clearly(tmp_path, clo
         assert [h.queue_id for h in locks.holders("g", "t")] == list(range(queue)), "the failed grant is not held"
         ballast.free()
         assert locks.lock_batch("g", "A", "t", [queue]) == {queue: 1}
+        ballast.fill()
+        assert locks.unlock_batch("g", "A", "t", [1]) == [1]  # an unlock is never refused for want of room
+        ballast.free()
         locks.close()
         restarted = LockManager(disk / "lock-epochs.json", lease_ms=LEASE, clock=clock)
-        assert restarted.lock_batch("g", "B", "t", [0, queue]) == {0: 2, queue: 2}
+        assert restarted.lock_batch("g", "A", "t", [0, queue]) == {0: 2, queue: 2}  # kept for A over the restart
         restarted.close()
 
 
@@ -242,8 +275,10 @@ def test_drop_topic_forgets_locks_but_never_reissues_an_epoch(state_path, locks,
     assert locks.holders("g", "t") == []
     assert [h.client_id for h in locks.holders("g", "other")] == ["A"]
     assert locks.lock_batch("g", "B", "t", [0]) == {0: 3}
+    locks.drop_topic("t")
     restarted = LockManager(state_path, lease_ms=LEASE, clock=clock)
-    assert restarted.lock_batch("g", "C", "t", [1]) == {1: 3}
+    assert restarted.holders("g", "t") == []
+    assert restarted.lock_batch("g", "C", "t", [0, 1]) == {0: 4, 1: 4}
 
 
 @pytest.mark.parametrize(

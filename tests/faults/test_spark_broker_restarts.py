@@ -1,8 +1,9 @@
 """Scenario 7: a running exactly-once Spark query (orderlymq -> orderlymq) while the broker is
 killed with SIGKILL and started again on its port and data dir, again and again, under keyed
-producers. A restart frees every queue lock; nobody else consumes the group meanwhile, so the
-query must take its locks again and go on (never fail with a FencedError), and the output topic
-must hold every acknowledged message once, each key in order."""
+producers. A restart fences every lock holder (each queue is kept for its holder for a lease);
+nobody else consumes the group meanwhile, so the query must take its locks again and go on (never
+fail with a FencedError), and the output topic must hold every acknowledged message once, each key
+in order."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""The driver's LockKeeper against a real broker that restarts (locks live in its memory): an
-epoch that changed is adopted only when the group's offsets show nobody else consumed."""
+"""The driver's LockKeeper against a real broker whose locks lapse or that restarts (a restart
+keeps each lock for its holder for one lease, at a new epoch): an epoch that changed is adopted
+only when the group's offsets show nobody else consumed."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ def test_renewal_fences_a_queue_another_client_consumed_while_the_lock_was_free(
     keeper = LockKeeper(conn, "g", "me", 1000)
     commit(conn, "me", keeper.epochs([ref])[ref], 5, topic_name)
     proc.kill9()
-    proc.start()  # every lock is free now
+    proc.start()  # the lock is kept for "me"; freed here as a lease that lapsed would be
+    conn.call("UnlockBatch", pb.UnlockBatchRequest(group="g", client_id="me", topic=topic_name, queue_ids=[0]))
     rival = locking.try_lock(conn, "g", "rival", topic_name, [0])[0]
     commit(conn, "rival", rival, 9, topic_name)
     conn.call("UnlockBatch", pb.UnlockBatchRequest(group="g", client_id="rival", topic=topic_name, queue_ids=[0]))
@@ -52,7 +54,7 @@ def test_a_lock_taken_back_after_release_is_given_back(broker, topic_name):
     assert locking.try_lock(conn, "g", "next-query", topic_name, [0, 1]).keys() == {0, 1}
 
 
-def test_renewal_takes_back_a_lock_freed_by_a_restart_when_nobody_else_consumed(restartable, topic_name):
+def test_renewal_takes_back_a_lock_kept_over_a_restart_when_nobody_else_consumed(restartable, topic_name):
     proc, conn = restartable
     create_topic(conn, topic_name, 1)
     produce(conn, topic_name, 1, keyed_events(1, 10))
@@ -64,6 +66,7 @@ def test_renewal_takes_back_a_lock_freed_by_a_restart_when_nobody_else_consumed(
     left[ref] = 5
     proc.kill9()
     proc.start()
+    assert locking.try_lock(conn, "g", "rival", topic_name, [0]) == {}  # kept for "me" over the restart
     keeper.renew()
     after = keeper.epochs([ref])[ref]
     assert after > before

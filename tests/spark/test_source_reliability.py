@@ -131,9 +131,14 @@ def test_batch_planned_before_the_lock_passed_through_another_client_is_fenced(
 
     def intrude(batch_id):
         if batch_id == 1:
-            # A restart frees the query's locks; another client takes them, consumes and leaves.
+            # The broker restarts; the query's locks, kept for it, are freed as lapsed leases would be;
+            # another client takes them, consumes and leaves.
             proc.kill9()
             proc.start()
+            locks = conn.call("QueryLocks", pb.QueryLocksRequest(group="f2", topic=topic_name)).locks
+            for lock in [lock for lock in locks if lock.client_id]:
+                conn.call("UnlockBatch", pb.UnlockBatchRequest(group="f2", client_id=lock.client_id, topic=topic_name,
+                                                               queue_ids=[lock.queue_id]))
             held = locking.lock_queues(conn, "f2", intruder, [(topic_name, 0), (topic_name, 1)], 10, advice="")
             for (topic, queue_id), epoch in held.items():
                 end = conn.call("QueryOffsets", pb.QueryOffsetsRequest(topic=topic, queue_id=queue_id)).max_offset
