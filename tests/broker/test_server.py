@@ -199,7 +199,8 @@ def test_epochs_survive_restart_so_an_old_holder_cannot_commit(broker_factory, t
     with pytest.raises(FencedError):
         conn.call("CommitOffset", pb.CommitOffsetRequest(group="g", topic=topic_name, queue_id=0, offset=1,
                                                          client_id="A", epoch=epoch))
-    assert lock(conn, topic_name, "B", [0])[0] > epoch
+    assert lock(conn, topic_name, "B", [0]) == {}  # kept for its holder for one lease
+    assert lock(conn, topic_name, "A", [0])[0] > epoch
     conn.close()
 
 
