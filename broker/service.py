@@ -34,7 +34,7 @@ from broker.storage import Store
 from broker.storage.queue_log import QueueLog
 from broker.transactions import TransactionManager, prepare_change
 from broker.wire import codec
-from broker.wire.errors import InvalidRequestError, OffsetOutOfRangeError
+from broker.wire.errors import InvalidRequestError, OffsetOutOfRangeError, OrderlyMQError
 from broker.wire.pull_response import encode_pull_response
 from broker.wire.tags import parse_tag_expression
 
@@ -90,7 +90,29 @@ class BrokerService:
         self.cluster = None
         self.send_port = 0  # the lean send port once served (broker.send_port), told by Health
         if not config.clustered:
+            self._offsets_within_logs()
             self.finish_interrupted_commits()
+
+    def _offsets_within_logs(self) -> None:
+        """Move committed offsets past the end of their queue's log back to that end.
+
+        A commit past the end is refused, so such an offset means the log lost its tail since (a
+        power cut with ``flush = "async"``, or damage cut at recovery): the messages stored at
+        those offsets from now on are new ones, and the group would skip them. Not in a broker
+        group, where a slave's log may lag the offsets it was sent, and a new master's log holds
+        every message its sync-state set acknowledged.
+        """
+        for group in self.offsets.groups():
+            for topic, queue_id, offset, client_id in self.offsets.group_positions(group):
+                try:
+                    end = self.store.queue(topic, queue_id).max_offset
+                except OrderlyMQError:
+                    continue
+                if offset > end:
+                    log.warning("group %s: its committed offset %d of %s/%d is past the end of the queue's log (%d), "
+                                "which lost its tail; moved back to %d, so that the group consumes the messages "
+                                "stored there from now on", group, offset, topic, queue_id, end, end)
+                    self.offsets.commit(group, topic, queue_id, end, client_id)
 
     def finish_interrupted_commits(self) -> None:
         for txn_id in self.txns.committing():

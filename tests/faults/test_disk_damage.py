@@ -142,3 +142,46 @@ def test_damaged_segments_are_cut_exactly_reported_and_the_rest_served(broker_pr
     assert [e.split(":")[0] for e in errors[3]] == [f"offset {offset}"]
     assert f"messages {offset}..{offset}" in errors[3][0] and f"pull from offset {offset + 1}" in errors[3][0]
     assert not any(errors[q] for q in (0, 1, 4))
+
+
+def test_an_offset_committed_past_a_lost_tail_moves_back_so_the_group_gets_what_is_stored_there(broker_proc):
+    """A power cut with flush = "async" may take a log's tail that a group already consumed and
+    committed. What is stored at those offsets after the restart is new: the broker moves the
+    group's offset back to the log's end on start (naming it in its log), and a consumer of the
+    group receives every new message, in order, instead of skipping those stored below the old
+    offset."""
+    from connector.client import OrderlyConsumer
+    from connector.client.listener import ConsumeOrderlyStatus
+    from tests.client.helpers import FAST
+    from tests.support import wait_until
+
+    proc = broker_proc(flush="async")
+    with BrokerConnection(proc.address, retry_timeout=5) as conn:
+        conn.call("CreateTopic", pb.CreateTopicRequest(topic=TOPIC, queue_count=1))
+        for seq in range(10):
+            send_rows(conn, TOPIC, 0, [{"key": "a", "body": body("a", seq)}])
+        conn.call("CommitOffset", pb.CommitOffsetRequest(group="g", topic=TOPIC, queue_id=0, offset=10))
+    proc.kill9()
+    [segment] = segments(proc.data_dir / "topics" / TOPIC / "0")
+    truncate(records(segment)[7], keep=1)  # offsets 7..9 are gone, as in a power cut
+    proc.start()
+    assert "its committed offset 10 of ledger/0 is past the end of the queue's log (7)" in proc.log_text()
+    delivered: list[tuple[str, int]] = []
+
+    def listener(messages, context):
+        delivered.extend(parse_body(m.body) for m in messages)
+        return ConsumeOrderlyStatus.SUCCESS
+
+    with BrokerConnection(proc.address, retry_timeout=5) as conn:
+        assert conn.call("GetOffset", pb.GetOffsetRequest(group="g", topic=TOPIC, queue_id=0)).offset == 7
+        for seq in range(5):
+            send_rows(conn, TOPIC, 0, [{"key": "b", "body": body("b", seq)}])  # stored at offsets 7..11
+        consumer = OrderlyConsumer(proc.address, "g", listener, **FAST)
+        consumer.subscribe(TOPIC)
+        consumer.start()
+        try:
+            assert wait_until(lambda: len(delivered) >= 5, 20), delivered
+        finally:
+            consumer.shutdown()
+        assert delivered == [("b", seq) for seq in range(5)]
+        assert conn.call("GetOffset", pb.GetOffsetRequest(group="g", topic=TOPIC, queue_id=0)).offset == 12
