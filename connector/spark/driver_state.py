@@ -24,6 +24,7 @@ from connector.spark import metadata
 from connector.spark.group_offsets import GroupOffset, group_offset, moved_by_other
 from connector.spark.lock_warden import Warden
 from connector.spark.locks import LockKeeper
+from connector.spark.lost_tails import LostTails
 from connector.spark.offsets import Positions, QueueRef
 from connector.spark.options import SourceOptions
 
@@ -46,6 +47,8 @@ class DriverState:
         self.warden = Warden(options.brokers, self.group, client_id, options.security)
         self.locks.on_change = self.warden.holds
         self.last_latest: Positions | None = None
+        self.last_read_at: Positions = {}  # the broker's clock as it answered for each queue of last_latest
+        self.tails = LostTails(self.conn)
         self.routes: dict[str, pb.TopicRoute] = {}  # the topics' routes as last read (queue -> group)
         self._routes_read_at: float | None = None
         self._left: Positions = {}  # where this client left (committed or accepted) the group's offsets
@@ -75,7 +78,9 @@ class DriverState:
         return metadata.placement(self.routes[ref[0]], ref[1])
 
     def latest(self, queues: list[QueueRef]) -> Positions:
-        self.last_latest = metadata.queue_ends(self.conn, queues)
+        ends = metadata.queue_ends_read_at(self.conn, queues)
+        self.last_latest = {ref: end for ref, (end, _) in ends.items()}
+        self.last_read_at = {ref: at for ref, (_, at) in ends.items()}
         return dict(self.last_latest)
 
     # -- the group's offsets ---------------------------------------------------------------------
@@ -118,8 +123,9 @@ class DriverState:
         if mode == "group":
             self._rebase = {ref: (pos, offset.offset) for ref, (pos, offset) in conflicts.items()}
 
-    def effective(self, positions: Positions) -> Positions:
-        """Spark's positions, moved to the group's where ``groupOffsetConflict=group`` applies."""
+    def effective(self, positions: Positions, read_at: Positions) -> Positions:
+        """Spark's positions (read at ``read_at``), moved to the group's where
+        ``groupOffsetConflict=group`` applies, and back to where a queue's log lost its tail."""
         out = dict(positions)
         for ref, (checkpoint, group) in self._rebase.items():
             pos = positions.get(ref)
@@ -129,7 +135,7 @@ class DriverState:
                 out[ref] = max(pos, group)
             elif pos == checkpoint:
                 out[ref] = group
-        return out
+        return self.tails.effective(out, read_at)
 
     def commit(self, end: Positions) -> None:
         """Commit the group's offsets for the queues that moved, fenced by the lock epochs.

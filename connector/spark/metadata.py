@@ -21,7 +21,8 @@ from connector.spark.offsets import Positions, QueueRef
 from connector.spark.options import EARLIEST, LATEST, OffsetSpec
 
 __all__ = ["Connection", "QueueBounds", "all_queues", "at_once", "by_group", "describe_topics", "each_concurrently",
-           "group_connection", "group_of", "placement", "queue_bounds", "queue_ends", "resolve_positions"]
+           "group_connection", "group_of", "placement", "queue_bounds", "queue_ends", "queue_ends_read_at", "queue_state",
+           "resolve_positions"]
 
 log = logging.getLogger(__name__)
 
@@ -106,22 +107,34 @@ def placement(route: pb.TopicRoute, queue_id: int) -> tuple[str, tuple[str, ...]
     return route.broker_name, ()
 
 
-def queue_bounds(conn: BrokerConnection, ref: QueueRef, timestamp: int | None = None) -> tuple[int, int, int]:
-    """(min, max, offset for ``timestamp``) of one queue; the third is max when no timestamp."""
+def queue_state(conn: BrokerConnection, ref: QueueRef, timestamp: int | None = None) -> pb.QueryOffsetsResponse:
+    """The bounds of one queue, the broker's clock, and the first offset stored at or after
+    ``timestamp`` when one is given."""
     topic, queue_id = ref
-    response = conn.call(
+    return conn.call(
         "QueryOffsets",
         pb.QueryOffsetsRequest(
             topic=topic, queue_id=queue_id, timestamp=timestamp or 0, has_timestamp=timestamp is not None
         ),
     )
+
+
+def queue_bounds(conn: BrokerConnection, ref: QueueRef, timestamp: int | None = None) -> tuple[int, int, int]:
+    """(min, max, offset for ``timestamp``) of one queue; the third is max when no timestamp."""
+    response = queue_state(conn, ref, timestamp)
     at = response.offset_for_timestamp if timestamp is not None else response.max_offset
     return response.min_offset, response.max_offset, at
 
 
 def queue_ends(conn: BrokerConnection, queues: Sequence[QueueRef]) -> Positions:
     """The offset the next message of each queue will get, asked of every queue at once."""
-    return dict(zip(queues, each_concurrently(lambda ref: queue_bounds(conn, ref)[1], queues), strict=True))
+    return {ref: end for ref, (end, _) in queue_ends_read_at(conn, queues).items()}
+
+
+def queue_ends_read_at(conn: BrokerConnection, queues: Sequence[QueueRef]) -> dict[QueueRef, tuple[int, int]]:
+    """``queue_ends`` and the broker's clock as it answered for each queue (``lost_tails``)."""
+    states = each_concurrently(lambda ref: queue_state(conn, ref), queues)
+    return {ref: (state.max_offset, state.now_ms) for ref, state in zip(queues, states, strict=True)}
 
 
 def resolve_positions(

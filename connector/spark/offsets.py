@@ -9,7 +9,9 @@ A source offset is a JSON object::
 in every offset, so a restart from the checkpoint re-acquires its own queue locks at once);
 ``group`` and ``brokers`` say whose offsets these are, so that the sink can advance the group's
 offsets right after it made a batch visible (``connector.spark.handoff``); ``queues`` maps each
-topic to ``{queue id: next offset to read}``. The JSON is always built by
+topic to ``{queue id: next offset to read}``; ``readAtMs`` (same shape, where known) the broker's
+clock when the position was read, by which every message below it had been stored
+(``connector.spark.lost_tails``). The JSON is always built by
 ``to_json`` with sorted topics and numerically sorted queues, because Spark compares offsets by
 their JSON: the same positions must always serialize the same way.
 """
@@ -20,18 +22,16 @@ from collections.abc import Mapping
 
 from broker.wire.errors import InvalidOptionError
 
-__all__ = ["Positions", "QueueRef", "admit", "client_id_of", "positions_of", "to_json"]
+__all__ = ["Positions", "QueueRef", "admit", "carried_read_at", "client_id_of", "positions_of", "read_at_of",
+           "to_json"]
 
 QueueRef = tuple[str, int]
 Positions = dict[QueueRef, int]
 
 
 def to_json(client_id: str | None, positions: Mapping[QueueRef, int], *, group: str | None = None,
-            brokers: str | None = None) -> dict:
+            brokers: str | None = None, read_at: Mapping[QueueRef, int] | None = None) -> dict:
     """The canonical offset dict of ``positions``."""
-    queues: dict[str, dict[str, int]] = {}
-    for topic, queue_id in sorted(positions):
-        queues.setdefault(topic, {})[str(queue_id)] = int(positions[(topic, queue_id)])
     out: dict = {}
     if client_id is not None:
         out["clientId"] = client_id
@@ -39,7 +39,16 @@ def to_json(client_id: str | None, positions: Mapping[QueueRef, int], *, group: 
         out["group"] = group
     if brokers is not None:
         out["brokers"] = brokers
-    out["queues"] = queues
+    out["queues"] = _by_topic(positions)
+    if read_at:
+        out["readAtMs"] = _by_topic(read_at)
+    return out
+
+
+def _by_topic(values: Mapping[QueueRef, int]) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for topic, queue_id in sorted(values):
+        out.setdefault(topic, {})[str(queue_id)] = int(values[(topic, queue_id)])
     return out
 
 
@@ -55,6 +64,26 @@ def positions_of(offset: Mapping) -> Positions:
         for topic, queues in offset["queues"].items()
         for queue, position in queues.items()
     }
+
+
+def read_at_of(offset: Mapping) -> Positions:
+    """The ``readAtMs`` of an offset dict (empty for one written before it was recorded)."""
+    read_at = offset.get("readAtMs")
+    if not isinstance(read_at, Mapping):
+        return {}
+    return {(topic, int(queue)): int(at) for topic, queues in read_at.items() for queue, at in queues.items()}
+
+
+def carried_read_at(begin: Positions, begun_at: Mapping[QueueRef, int], end: Positions,
+                    ended_at: Mapping[QueueRef, int]) -> Positions:
+    """The read times of ``end``: a queue's new one where it moved, else the one ``begin`` had
+    (an idle query's offsets must stay the same JSON, or Spark would run a batch per trigger)."""
+    out = {}
+    for ref, pos in end.items():
+        at = begun_at.get(ref) if pos == begin.get(ref) else ended_at.get(ref)
+        if at is not None:
+            out[ref] = at
+    return out
 
 
 def client_id_of(offset: Mapping) -> str:

@@ -33,6 +33,7 @@ from connector.client.pull_port import PullLink, PullPortFailure
 from connector.spark.connections import give_back_pull_link, lease_pull_link
 from connector.spark.group_offsets import check_not_consumed
 from connector.spark.locks import describe_holder
+from connector.spark.lost_tails import stored_at
 from connector.spark.options import SourceOptions
 from connector.spark.schema import to_spark_batch
 
@@ -56,7 +57,9 @@ class QueuePartition(InputPartition):
     ``broker`` is the broker's name, in a cluster the name of the group holding the queue, and
     ``addresses`` that group's brokers (master first; empty on a single broker): the task asks
     them directly and follows the group's master through a failover. A locked (streaming) read
-    sets ``client_id`` and the lock ``epoch`` planned by the driver (an epoch of that group).
+    sets ``client_id`` and the lock ``epoch`` planned by the driver (an epoch of that group), and
+    ``end_read_at`` the broker's clock by which the message at ``end - 1`` had been stored
+    (``connector.spark.lost_tails``; None when unknown).
     """
 
     topic: str
@@ -67,6 +70,7 @@ class QueuePartition(InputPartition):
     client_id: str | None = None
     epoch: int = 0
     addresses: tuple[str, ...] = ()
+    end_read_at: int | None = None
 
 
 def read_partition(options: SourceOptions, partition: QueuePartition, target: pa.Schema) -> Iterator[pa.RecordBatch]:
@@ -215,6 +219,7 @@ def _regained_epoch(conn: BrokerConnection, options: SourceOptions, part: QueueP
             check_not_consumed(conn, group, client_id, ref, part.start,
                                context=f"{where}: the lock planned at epoch {epoch} was lost and taken again by "
                                        f"this query at epoch {lock.epoch}")
+            _check_planned_tail(conn, part, where)
             log.warning("%s: lock regained at epoch %d (planned %d); nobody else consumed the queue", where,
                         lock.epoch, epoch)
             return lock.epoch
@@ -225,6 +230,22 @@ def _regained_epoch(conn: BrokerConnection, options: SourceOptions, part: QueueP
                 f"cannot reach the broker ({refused})"
             )
         time.sleep(_RELOCK_POLL_S)
+
+
+def _check_planned_tail(conn: BrokerConnection, part: QueuePartition, where: str) -> None:
+    """After the broker restarted: the batch's last planned message is still the one planned,
+    or the log lost its tail and other messages were stored there (which the batch would read as
+    if planned, and the next batch read again): the batch fails, and the query reads on from
+    where the log was cut when it plans again. A log shorter than planned: ``_missing_tail``."""
+    if part.end_read_at is None:
+        return
+    stored = stored_at(conn, (part.topic, part.queue_id), part.end - 1)
+    if stored is not None and stored > part.end_read_at:
+        raise DataLossError(
+            f"{where}: the broker lost the tail of the queue's log after this batch was planned (a power cut with "
+            "flush = \"async\") and other messages were stored at its offsets since; the batch fails, and the "
+            "query, started again from its checkpoint, reads on from where the log was cut"
+        )
 
 
 def _skip_damaged(options: SourceOptions, part: QueuePartition, offset: int, exc: DamagedRecordError) -> int:

@@ -43,7 +43,7 @@ from pyspark.sql.types import StructType
 
 from connector.spark import metadata
 from connector.spark.driver_state import DriverState
-from connector.spark.offsets import Positions, admit, client_id_of, positions_of, to_json
+from connector.spark.offsets import Positions, admit, carried_read_at, client_id_of, positions_of, read_at_of, to_json
 from connector.spark.options import SourceOptions
 from connector.spark.partitions import QueuePartition, read_partition
 from connector.spark.schema import arrow_schema
@@ -104,8 +104,9 @@ class OrderlyMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         self._initial = self._offset(state.client_id, start)
         return self._initial
 
-    def _offset(self, client_id: str, positions: Positions) -> dict:
-        return to_json(client_id, positions, group=self.options.consumer_group, brokers=self.options.brokers)
+    def _offset(self, client_id: str, positions: Positions, read_at: Positions | None = None) -> dict:
+        return to_json(client_id, positions, group=self.options.consumer_group, brokers=self.options.brokers,
+                       read_at=read_at)
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.options.max_messages_per_trigger is not None:
@@ -113,11 +114,11 @@ class OrderlyMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         return ReadAllAvailable()
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        spark_begin = positions_of(start)
+        spark_begin, begun_at = positions_of(start), read_at_of(start)
         state = self._state(client_id_of(start), spark_begin)
-        begin = state.effective(spark_begin)
         queues = state.queues()
-        state.locks.epochs(queues)
+        state.tails.check(state.locks.epochs(queues), start)
+        begin = state.effective(spark_begin, begun_at)
         if state.uncommitted(begin):
             # Every batch up to ``start`` has completed (see DriverState.commit): commit it while
             # the queues' ends are read, two independent round trips at once.
@@ -127,7 +128,8 @@ class OrderlyMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         if self._target is not None:
             latest = {ref: min(pos, self._target.get(ref, 0)) for ref, pos in latest.items()}
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-        return self._offset(state.client_id, admit(begin, latest, max_rows))
+        end = admit(begin, latest, max_rows)
+        return self._offset(state.client_id, end, carried_read_at(begin, begun_at, end, state.last_read_at))
 
     def prepareForTriggerAvailableNow(self) -> None:
         # Called before the first offset is known, so the identity is not needed: a throwaway
@@ -145,21 +147,24 @@ class OrderlyMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         client_id = client_id_of(end)
         spark_begin = positions_of(start)
         state = self._state(client_id, spark_begin)
-        begin, finish = state.effective(spark_begin), positions_of(end)
+        state.tails.check(state.locks.epochs(state.queues()), start, end)  # a batch replayed after a restart
+        begin = state.effective(spark_begin, read_at_of(start))
+        finish = state.tails.effective(positions_of(end), read_at_of(end))
         ranges = [(ref, begin.get(ref, 0), stop) for ref, stop in sorted(finish.items()) if stop > begin.get(ref, 0)]
         state.commit(begin)
         epochs = state.locks.epochs(ref for ref, _, _ in ranges)
-        planned = []
+        planned, end_read_at = [], read_at_of(end)
         for (t, q), lo, hi in ranges:
             broker, addresses = state.placement((t, q))
             planned.append(QueuePartition(topic=t, broker=broker, queue_id=q, start=lo, end=hi, client_id=client_id,
-                                          epoch=epochs[(t, q)], addresses=addresses))
+                                          epoch=epochs[(t, q)], addresses=addresses,
+                                          end_read_at=end_read_at.get((t, q))))
         return planned
 
     def commit(self, end: dict) -> None:
         spark_end = positions_of(end)
         state = self._state(client_id_of(end), spark_end)
-        state.commit(state.effective(spark_end))
+        state.commit(state.effective(spark_end, read_at_of(end)))
 
     def stop(self) -> None:
         if self._driver is not None:

@@ -104,6 +104,10 @@ def test_pull_limits_offsets_and_timestamps(conn, topic_name):
     later = conn.call("QueryOffsets", pb.QueryOffsetsRequest(topic=topic_name, queue_id=0,
                                                              timestamp=codec.now_ms() + 60_000, has_timestamp=True))
     assert later.offset_for_timestamp == 30
+    # The broker's clock as it answered: at or after every store timestamp below max_offset.
+    last = codec.decode_many(conn.call("Pull", pb.PullRequest(topic=topic_name, queue_id=0, offset=29)).batches)
+    stored = last.column("store_timestamp").cast(pa.int64())[0].as_py()
+    assert stored <= offsets.now_ms <= codec.now_ms()
     with pytest.raises(OffsetOutOfRangeError, match="beyond the maximum 30"):
         conn.call("Pull", pb.PullRequest(topic=topic_name, queue_id=0, offset=31))
 

@@ -9,7 +9,7 @@ import pytest
 
 from broker.wire.errors import InvalidOptionError
 from broker.wire.routing import queue_for_key
-from connector.spark.offsets import admit, client_id_of, positions_of, to_json
+from connector.spark.offsets import admit, carried_read_at, client_id_of, positions_of, read_at_of, to_json
 from connector.spark.options import SinkOptions, SourceOptions
 from connector.spark.sharding import queue_ids
 
@@ -127,6 +127,17 @@ def test_offsets_json_is_canonical_and_round_trips():
     assert positions_of(offset) == positions and client_id_of(offset) == "c1"
     with pytest.raises(InvalidOptionError, match="new checkpointLocation"):
         client_id_of({"queues": {}})
+
+
+def test_read_times_round_trip_and_stay_put_where_a_queue_did_not_move():
+    begin, begun_at = {("t", 0): 5, ("t", 1): 9}, {("t", 0): 100, ("t", 1): 100}
+    end, ended_at = {("t", 0): 5, ("t", 1): 12, ("t", 2): 3}, {("t", 0): 200, ("t", 1): 200, ("t", 2): 200}
+    read_at = carried_read_at(begin, begun_at, end, ended_at)
+    # An idle queue keeps its time, so an idle query's offsets stay the same JSON for Spark.
+    assert read_at == {("t", 0): 100, ("t", 1): 200, ("t", 2): 200}
+    offset = to_json("c1", end, read_at=read_at)
+    assert read_at_of(offset) == read_at and positions_of(offset) == end
+    assert read_at_of(to_json("c1", end)) == {} and "readAtMs" not in to_json("c1", end)  # older checkpoints
 
 
 def test_admit_respects_the_budget_and_always_progresses():

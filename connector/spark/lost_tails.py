@@ -1,0 +1,81 @@
+"""Queues whose log lost its tail after this query read it, and where the query reads on.
+
+A broker with ``flush = "async"`` that loses power loses the messages of its last moments, some
+of which a query may have read; the producers' next messages are then stored at those offsets
+again. A query going on from its position would skip them. So each position the source puts
+in its offsets comes with ``readAtMs``: the broker's clock when the queue's end was read
+(``QueryOffsetsResponse.now_ms``), at or after which every message below the position had been
+stored. After a queue's lock came back at a new epoch (the broker restarted, or the query did),
+the message just below the position is looked at: missing, or stored after that time, it is
+another one, and the query reads on from the first offset stored since (the log's cut), instead
+of skipping what was stored there. Nothing the query read is read again: those messages are gone.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+import pyarrow as pa
+
+from broker.wire import codec
+from connector.client.connection import BrokerConnection, pb
+from connector.spark import metadata
+from connector.spark.offsets import Positions, QueueRef, positions_of, read_at_of
+
+__all__ = ["LostTails", "stored_at"]
+
+log = logging.getLogger(__name__)
+
+
+class LostTails:
+    """The cuts found by the driver: ``{queue: (first offset stored again, broker time found)}``."""
+
+    def __init__(self, conn: BrokerConnection) -> None:
+        self._conn = conn
+        self._cuts: dict[QueueRef, tuple[int, int]] = {}
+        self._verified: dict[QueueRef, int] = {}  # the lock epoch each queue was last looked at under
+
+    def check(self, epochs: Mapping[QueueRef, int], *offsets: Mapping) -> None:
+        """Look at the queues whose lock epoch changed since they were last looked at, at each
+        position of ``offsets`` (source offsets) that carries its read time."""
+        changed = [ref for ref, epoch in epochs.items() if self._verified.get(ref) != epoch]
+        for offset in offsets:
+            positions, read_at = positions_of(offset), read_at_of(offset)
+            for ref in changed:
+                if positions.get(ref) and ref in read_at:
+                    self._look(ref, positions[ref], read_at[ref])
+        self._verified.update((ref, epochs[ref]) for ref in changed)
+
+    def effective(self, positions: Positions, read_at: Mapping[QueueRef, int]) -> Positions:
+        """``positions`` with each one read before its queue's cut was found, and past that cut,
+        moved back to the cut."""
+        out = dict(positions)
+        for ref, (cut, found_at) in self._cuts.items():
+            pos, at = out.get(ref), read_at.get(ref)
+            if pos is not None and pos > cut and at is not None and at < found_at:
+                out[ref] = cut
+        return out
+
+    def _look(self, ref: QueueRef, position: int, read_at: int) -> None:
+        state = metadata.queue_state(self._conn, ref)
+        if state.max_offset >= position:
+            stored = stored_at(self._conn, ref, position - 1)
+            if stored is None or stored <= read_at:  # the same message (or gone by retention: cannot tell)
+                return
+        cut = min(metadata.queue_state(self._conn, ref, timestamp=read_at + 1).offset_for_timestamp, position)
+        earlier = self._cuts.get(ref)
+        self._cuts[ref] = (cut if earlier is None else min(cut, earlier[0]), state.now_ms)
+        log.warning(
+            "queue %s/%d lost its tail after this query read up to offset %d (the broker lost power with "
+            "flush = \"async\", or the topic was deleted and created again): offsets from %d on hold messages stored "
+            "since, and the query reads on from there", ref[0], ref[1], position, cut)
+
+
+def stored_at(conn: BrokerConnection, ref: QueueRef, offset: int) -> int | None:
+    """The store timestamp (ms) of the message at ``offset``; None when no message is there."""
+    response = conn.call("Pull", pb.PullRequest(topic=ref[0], queue_id=ref[1], offset=offset, max_messages=1))
+    table = codec.decode_many(response.batches)
+    if not table.num_rows or table.column("queue_offset")[0].as_py() != offset:
+        return None
+    return table.column("store_timestamp").cast(pa.int64())[0].as_py()
