@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import secrets
 import shutil
 import threading
 from collections import defaultdict
@@ -69,6 +70,8 @@ class BrokerService:
 
     def _open(self, data: Path) -> None:
         config = self.config
+        # Told with every pull: a client pulling from another start than before looks at the tail it read.
+        self.boot_id = secrets.randbits(63) or 1
         self.store = Store(
             data,
             segment_bytes=config.segment_bytes,
@@ -272,7 +275,7 @@ class BrokerService:
         table = result.table if tags is None else _with_tags(result.table, tags)
         batches = [codec.encode_parts(table)] if table.num_rows else []
         self.metrics.served(request.topic, request.queue_id, table.num_rows, table.nbytes)
-        return encode_pull_response(batches, next_offset=result.next_offset, count=table.num_rows,
+        return encode_pull_response(batches, next_offset=result.next_offset, count=table.num_rows, boot_id=self.boot_id,
                                     min_offset=queue.min_offset, max_offset=queue.visible_offset)
 
     def QueryOffsets(self, request):

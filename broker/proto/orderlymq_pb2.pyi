@@ -247,7 +247,7 @@ class PullRequest(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., offset: _Optional[int] = ..., max_messages: _Optional[int] = ..., max_bytes: _Optional[int] = ..., wait_ms: _Optional[int] = ..., tag_expression: _Optional[str] = ..., group: _Optional[str] = ..., client_id: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class PullResponse(_message.Message):
-    __slots__ = ("batches", "next_offset", "min_offset", "max_offset", "count", "error_code", "error_kind", "error_message", "error_next_offset")
+    __slots__ = ("batches", "next_offset", "min_offset", "max_offset", "count", "error_code", "error_kind", "error_message", "error_next_offset", "boot_id")
     BATCHES_FIELD_NUMBER: _ClassVar[int]
     NEXT_OFFSET_FIELD_NUMBER: _ClassVar[int]
     MIN_OFFSET_FIELD_NUMBER: _ClassVar[int]
@@ -257,6 +257,7 @@ class PullResponse(_message.Message):
     ERROR_KIND_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     ERROR_NEXT_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    BOOT_ID_FIELD_NUMBER: _ClassVar[int]
     batches: _containers.RepeatedScalarFieldContainer[bytes]
     next_offset: int
     min_offset: int
@@ -266,7 +267,8 @@ class PullResponse(_message.Message):
     error_kind: str
     error_message: str
     error_next_offset: int
-    def __init__(self, batches: _Optional[_Iterable[bytes]] = ..., next_offset: _Optional[int] = ..., min_offset: _Optional[int] = ..., max_offset: _Optional[int] = ..., count: _Optional[int] = ..., error_code: _Optional[int] = ..., error_kind: _Optional[str] = ..., error_message: _Optional[str] = ..., error_next_offset: _Optional[int] = ...) -> None: ...
+    boot_id: int
+    def __init__(self, batches: _Optional[_Iterable[bytes]] = ..., next_offset: _Optional[int] = ..., min_offset: _Optional[int] = ..., max_offset: _Optional[int] = ..., count: _Optional[int] = ..., error_code: _Optional[int] = ..., error_kind: _Optional[str] = ..., error_message: _Optional[str] = ..., error_next_offset: _Optional[int] = ..., boot_id: _Optional[int] = ...) -> None: ...
 
 class QueryOffsetsRequest(_message.Message):
     __slots__ = ("topic", "queue_id", "timestamp", "has_timestamp")

@@ -27,18 +27,19 @@ __all__ = ["PullReply", "decode_pull_response", "encode_pull_error", "encode_pul
 _FIELDS = pb.PullResponse.DESCRIPTOR.fields_by_name
 _BATCHES = pb.PullResponse.BATCHES_FIELD_NUMBER
 _SCALARS = {_FIELDS[name].number: name
-            for name in ("next_offset", "min_offset", "max_offset", "count", "error_code", "error_next_offset")}
+            for name in ("next_offset", "min_offset", "max_offset", "count", "error_code", "error_next_offset",
+                         "boot_id")}
 _STRINGS = {_FIELDS[name].number: name for name in ("error_kind", "error_message")}
 _WIRE_TYPES = {_BATCHES: LENGTH_DELIMITED, **dict.fromkeys(_SCALARS, VARINT), **dict.fromkeys(_STRINGS, LENGTH_DELIMITED)}
 
 
 def encode_pull_response(batches: Sequence[Sequence[bytes | pa.Buffer]], *, next_offset: int, count: int,
-                         min_offset: int, max_offset: int) -> list[bytes | pa.Buffer]:
+                         min_offset: int, max_offset: int, boot_id: int = 0) -> list[bytes | pa.Buffer]:
     """The parts whose concatenation is the wire bytes of ``PullResponse(batches=..., next_offset=...,
     ...)``, each batch given as the parts that concatenate to it (``codec.encode_parts``): a socket
     writes them as they are, gRPC's answer joins them (one copy)."""
     parts: list[bytes | pa.Buffer] = [pb.PullResponse(next_offset=next_offset, count=count, min_offset=min_offset,
-                                                      max_offset=max_offset).SerializeToString()]
+                                                      max_offset=max_offset, boot_id=boot_id).SerializeToString()]
     for batch in batches:
         parts += (field_prefix(_BATCHES, sum(len(p) for p in batch)), *batch)
     return parts
@@ -65,6 +66,7 @@ class PullReply:
     error_kind: str = ""
     error_message: str = ""
     error_next_offset: int = -1
+    boot_id: int = 0
 
     def raise_error(self) -> None:
         """Raise the failure a lean port's answer carries, as the gRPC call's status would."""

@@ -22,6 +22,7 @@ __all__ = [
     "MessageQueue",
     "PullResult",
     "SendResult",
+    "same_stored",
 ]
 
 # Properties set on messages re-sent to a retry or dead-letter topic (RocketMQ's names, lower-cased).
@@ -163,3 +164,10 @@ class PullResult:
     def lag(self) -> int:
         """Messages stored after this pull's end (before tag filtering)."""
         return max(0, self.max_offset - self.next_offset)
+
+
+def same_stored(found: Message, pulled: Message) -> bool:
+    """Whether ``found`` is the very message ``pulled`` was: a message written at the same offset
+    after a cut has its own store timestamp."""
+    return (found.queue_offset, found.store_timestamp, found.born_timestamp, found.key, found.body) == (
+        pulled.queue_offset, pulled.store_timestamp, pulled.born_timestamp, pulled.key, pulled.body)

@@ -44,7 +44,7 @@ from broker.wire import codec
 from broker.wire.errors import OrderlyMQError
 from connector.client.connection import pb
 from connector.client.listener import ConsumeOrderlyContext, ConsumeOrderlyStatus
-from connector.client.messages import Message, MessageQueue
+from connector.client.messages import Message, MessageQueue, same_stored
 from connector.client.process_queue import ProcessQueue
 from connector.client.push_consumer import PushConsumer, dlq_topic
 
@@ -262,7 +262,7 @@ class OrderlyConsumer(PushConsumer):
             log.warning("consumer %s could not check %s after re-locking it: %s", self.client_id, pq.mq, exc)
             return False
         found = Message.from_table(codec.decode_many(response.batches), pq.mq.topic, pq.mq.queue_id)
-        return committed <= consumed and bool(found) and _same_stored(found[0], last)
+        return committed <= consumed and bool(found) and same_stored(found[0], last)
 
     def _remove_unnecessary(self, pq: ProcessQueue) -> bool:
         if self.broadcasting:
@@ -434,10 +434,3 @@ class OrderlyConsumer(PushConsumer):
         pq.consume_again(again)
         pq.suspended_until = time.monotonic() + context.suspend_ms / 1000
         return False
-
-
-def _same_stored(found: Message, pulled: Message) -> bool:
-    """Whether ``found`` is the very message ``pulled`` was: a message written at the same offset
-    after a cut has its own store timestamp."""
-    return (found.queue_offset, found.store_timestamp, found.born_timestamp, found.key, found.body) == (
-        pulled.queue_offset, pulled.store_timestamp, pulled.born_timestamp, pulled.key, pulled.body)

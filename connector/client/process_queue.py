@@ -47,6 +47,7 @@ class ProcessQueue:
         self.committed_offset = -1
         self.pending_commit: int | None = None
         self.last_pulled: Message | None = None  # what a re-lock checks the broker still holds
+        self.boot_id = 0  # the broker start that answered the last pull (0: none yet)
 
     def __repr__(self) -> str:
         return (

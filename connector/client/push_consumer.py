@@ -30,6 +30,7 @@ from typing import Any
 from broker.wire import codec
 from broker.wire.errors import (
     BrokerUnavailableError,
+    DamagedRecordError,
     FencedError,
     InvalidOptionError,
     MessagesLostError,
@@ -47,6 +48,7 @@ from connector.client.messages import (
     PROPERTY_RECONSUME_TIMES,
     Message,
     MessageQueue,
+    same_stored,
 )
 from connector.client.offset_store import LocalOffsetStore, RemoteOffsetStore, check_consume_from, start_offset
 from connector.client.process_queue import ProcessQueue
@@ -444,8 +446,10 @@ class PushConsumer(abc.ABC):
         pq.next_offset = min(pq.next_offset, highest)  # beyond the end (a recreated topic): go back to it
         log.warning("consumer %s: %s; moved %s to %d", self.client_id, exc, pq.mq, pq.next_offset)
 
-    def _query_offsets(self, mq: MessageQueue) -> tuple[int, int, int]:
-        r = self.connection.call("QueryOffsets", pb.QueryOffsetsRequest(topic=mq.topic, queue_id=mq.queue_id))
+    def _query_offsets(self, mq: MessageQueue, timestamp: int | None = None) -> tuple[int, int, int]:
+        """(min, max, the first offset stored at or after ``timestamp`` when given)."""
+        r = self.connection.call("QueryOffsets", pb.QueryOffsetsRequest(
+            topic=mq.topic, queue_id=mq.queue_id, timestamp=timestamp or 0, has_timestamp=timestamp is not None))
         return r.min_offset, r.max_offset, r.offset_for_timestamp
 
     def _remove_unnecessary(self, pq: ProcessQueue) -> bool:
@@ -606,7 +610,7 @@ class PushConsumer(abc.ABC):
 
     def _pulled(self, pq: ProcessQueue, response) -> bool:
         """Hand a pull's messages to the consume pool; whether there were any."""
-        if pq.dropped:
+        if pq.dropped or not self._reads_on(pq, response.boot_id):
             return False
         messages = Message.from_table(codec.decode_many(response.batches), pq.mq.topic, pq.mq.queue_id)
         previous, pq.next_offset = pq.next_offset, response.next_offset
@@ -617,6 +621,45 @@ class PushConsumer(abc.ABC):
         if response.next_offset > previous and pq.idle():
             self._commit(pq, response.next_offset)  # everything up to here was filtered out by tag
         return False
+
+    def _reads_on(self, pq: ProcessQueue, boot_id: int) -> bool:
+        """Whether ``pq`` reads on after a pull answered by ``boot_id``. Answered by another start of
+        the broker than the last pull, the log may have lost its tail meanwhile (a power cut with
+        flush = "async") and stored other messages at those offsets: unless the last message
+        pulled is still there, ``pq`` starts over from where the log was cut (or from the group's
+        offset when lower; what was consumed past it is consumed again) rather than skip them."""
+        previous, pq.boot_id = pq.boot_id, boot_id
+        last = pq.last_pulled
+        if not previous or previous == boot_id or last is None:
+            return True
+        try:
+            found = self._message_at(pq.mq, last.queue_offset)
+            if found is not None and same_stored(found, last):
+                return True
+            cut = self._query_offsets(pq.mq, last.store_timestamp + 1)[2]
+            with pq.commit_lock:  # after a commit of the old position in flight, never before
+                pq.dropped = True
+                if self.store.read(pq.mq) > cut:
+                    self.store.commit(pq.mq, cut)
+        except OrderlyMQError as exc:
+            log.warning("consumer %s: the broker restarted; cannot check what %s holds now (%s), starting it over "
+                        "from the group's offset", self.client_id, pq.mq, exc)
+            pq.dropped = True
+        else:
+            log.warning("consumer %s: %s lost its log's tail from offset %d on (a power cut): starting it over "
+                        "there", self.client_id, pq.mq, cut)
+        self._rebalance_now.set()
+        return False
+
+    def _message_at(self, mq: MessageQueue, offset: int) -> Message | None:
+        """The message stored at ``offset`` of ``mq``; None when none can be read there."""
+        try:
+            found = self.connection.call("Pull", pb.PullRequest(topic=mq.topic, queue_id=mq.queue_id, offset=offset,
+                                                                max_messages=1))
+        except (OffsetOutOfRangeError, DamagedRecordError):
+            return None
+        messages = Message.from_table(codec.decode_many(found.batches), mq.topic, mq.queue_id)
+        return messages[0] if messages and messages[0].queue_offset == offset else None
 
     @abc.abstractmethod
     def _dispatch(self, pq: ProcessQueue, messages: list[Message]) -> None:
