@@ -15,16 +15,33 @@ import time
 import uuid
 
 from broker.wire import codec
-from broker.wire.errors import InvalidOptionError, OrderlyMQError, QueueOutOfRangeError
-from connector.client.connection import Credentials, TlsOptions, pb
+from broker.wire.errors import (
+    DamagedRecordError,
+    InvalidOptionError,
+    OffsetOutOfRangeError,
+    OrderlyMQError,
+    QueueOutOfRangeError,
+)
+from connector.client.connection import BrokerConnection, Credentials, TlsOptions, pb
 from connector.client.locking import lock_queues
 from connector.client.messages import Message, MessageQueue, PullResult
 from connector.client.routed import RoutedConnection
 
-__all__ = ["EARLIEST", "LATEST", "PullConsumer", "default_client_id"]
+__all__ = ["EARLIEST", "LATEST", "PullConsumer", "default_client_id", "message_at"]
 
 EARLIEST = "earliest"
 LATEST = "latest"
+
+
+def message_at(conn: BrokerConnection, topic: str, queue_id: int, offset: int) -> Message | None:
+    """The message stored at ``offset`` (an unlocked pull of one); None when none can be read
+    there (past the end, removed by retention, damaged)."""
+    try:
+        found = conn.call("Pull", pb.PullRequest(topic=topic, queue_id=queue_id, offset=offset, max_messages=1))
+    except (OffsetOutOfRangeError, DamagedRecordError):
+        return None
+    messages = Message.from_table(codec.decode_many(found.batches), topic, queue_id)
+    return messages[0] if messages and messages[0].queue_offset == offset else None
 
 
 def default_client_id() -> str:

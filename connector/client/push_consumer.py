@@ -30,7 +30,6 @@ from typing import Any
 from broker.wire import codec
 from broker.wire.errors import (
     BrokerUnavailableError,
-    DamagedRecordError,
     FencedError,
     InvalidOptionError,
     MessagesLostError,
@@ -53,7 +52,7 @@ from connector.client.messages import (
 from connector.client.offset_store import LocalOffsetStore, RemoteOffsetStore, check_consume_from, start_offset
 from connector.client.process_queue import ProcessQueue
 from connector.client.producer import Producer
-from connector.client.pull_consumer import default_client_id
+from connector.client.pull_consumer import default_client_id, message_at
 from connector.client.pull_port import PullLink, PullPortFailure, open_pull_link
 from connector.client.rebalance import ALLOCATORS, AllocateStrategy
 from connector.client.routed import RoutedConnection
@@ -633,7 +632,7 @@ class PushConsumer(abc.ABC):
         if not previous or previous == boot_id or last is None:
             return True
         try:
-            found = self._message_at(pq.mq, last.queue_offset)
+            found = message_at(self.connection, pq.mq.topic, pq.mq.queue_id, last.queue_offset)
             if found is not None and same_stored(found, last):
                 return True
             cut = self._query_offsets(pq.mq, last.store_timestamp + 1)[2]
@@ -650,16 +649,6 @@ class PushConsumer(abc.ABC):
                         "there", self.client_id, pq.mq, cut)
         self._rebalance_now.set()
         return False
-
-    def _message_at(self, mq: MessageQueue, offset: int) -> Message | None:
-        """The message stored at ``offset`` of ``mq``; None when none can be read there."""
-        try:
-            found = self.connection.call("Pull", pb.PullRequest(topic=mq.topic, queue_id=mq.queue_id, offset=offset,
-                                                                max_messages=1))
-        except (OffsetOutOfRangeError, DamagedRecordError):
-            return None
-        messages = Message.from_table(codec.decode_many(found.batches), mq.topic, mq.queue_id)
-        return messages[0] if messages and messages[0].queue_offset == offset else None
 
     @abc.abstractmethod
     def _dispatch(self, pq: ProcessQueue, messages: list[Message]) -> None:

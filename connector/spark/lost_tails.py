@@ -16,11 +16,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-import pyarrow as pa
-
-from broker.wire import codec
-from broker.wire.errors import DamagedRecordError, OffsetOutOfRangeError
-from connector.client.connection import BrokerConnection, pb
+from connector.client.connection import BrokerConnection
+from connector.client.pull_consumer import message_at
 from connector.spark import metadata
 from connector.spark.offsets import Positions, QueueRef, positions_of, read_at_of
 
@@ -74,13 +71,6 @@ class LostTails:
 
 
 def stored_at(conn: BrokerConnection, ref: QueueRef, offset: int) -> int | None:
-    """The store timestamp (ms) of the message at ``offset``; None when none can be read there
-    (past the end, removed by retention, damaged)."""
-    try:
-        response = conn.call("Pull", pb.PullRequest(topic=ref[0], queue_id=ref[1], offset=offset, max_messages=1))
-    except (OffsetOutOfRangeError, DamagedRecordError):
-        return None
-    table = codec.decode_many(response.batches)
-    if not table.num_rows or table.column("queue_offset")[0].as_py() != offset:
-        return None
-    return table.column("store_timestamp").cast(pa.int64())[0].as_py()
+    """The store timestamp (ms) of the message at ``offset``; None when none can be read there."""
+    found = message_at(conn, ref[0], ref[1], offset)
+    return None if found is None else found.store_timestamp

@@ -23,6 +23,8 @@ FAST = dict(
     consume_threads=2,
     retry_timeout=5.0,
 )
+# The same for a concurrent consumer, which takes no locks and never suspends a queue.
+CONCURRENT = {k: v for k, v in FAST.items() if k not in ("lock_interval", "lock_max_live", "unlock_delay", "suspend_ms")}
 # Broker settings to match: a lock lease of 5 s and members expiring 3 s after their last heartbeat.
 FAST_BROKER = dict(lock_lease_ms=5000, consumer_timeout_ms=3000)
 

@@ -16,13 +16,10 @@ from connector.client import (
 )
 from tests.support import wait_until
 
-from .helpers import FAST, FAST_BROKER, send_keyed
+from .helpers import CONCURRENT, FAST_BROKER, send_keyed
 
 OK = ConsumeConcurrentlyStatus.CONSUME_SUCCESS
 LATER = ConsumeConcurrentlyStatus.RECONSUME_LATER
-CONCURRENT = {
-    k: v for k, v in FAST.items() if k not in ("lock_interval", "lock_max_live", "unlock_delay", "suspend_ms")
-}
 
 
 def start(address, topic, group, listener, client_id, **options) -> ConcurrentConsumer:

@@ -14,14 +14,13 @@ import threading
 from connector.client import Admin, ConcurrentConsumer, Producer
 from connector.client.connection import BrokerConnection, pb
 from connector.client.listener import ConsumeConcurrentlyStatus
-from tests.client.helpers import FAST, FAST_BROKER
+from tests.client.helpers import CONCURRENT, FAST_BROKER
 from tests.faults.brokers import broker_process
 from tests.faults.disk import records, segments, truncate
 from tests.faults.tcp_proxy import TcpProxy
 from tests.support import wait_until
 
 GROUP = "billing"
-CONCURRENT = {k: v for k, v in FAST.items() if k not in ("lock_interval", "lock_max_live", "unlock_delay", "suspend_ms")}
 
 
 def test_reads_what_was_stored_again_below_where_it_was(tmp_path, topic_name):
