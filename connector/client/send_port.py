@@ -113,6 +113,17 @@ class _Link:
             raise ConnectionError("the broker closed the lean port connection")
         return read
 
+    def open(self) -> bool:
+        """Whether the broker still holds this idle link open: one that stopped or restarted has
+        closed it (between round trips nothing is due to arrive)."""
+        try:
+            self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+        return False  # closed, or bytes no request asked for
+
     def close(self) -> None:
         self.sock.close()
 
@@ -134,11 +145,20 @@ class SendPortClient:
             return False  # the send port is plaintext: never used by a TLS client
         address = self._conn.address
         if address == self._address and self._port:
-            return True
-        if address == self._address and time.monotonic() < self._ask_at:
+            if self._idle_open():
+                return True
+        elif address == self._address and time.monotonic() < self._ask_at:
             return False
         self._discover(address)
         return bool(self._port)
+
+    def _idle_open(self) -> bool:
+        """Whether the idle link a round trip takes next is still open. A broker that stopped or
+        restarted (maybe with another port, maybe another broker at the address) closed it: the
+        port is then looked up again, rather than a request failing over it and leaving the port
+        unused for ``_RETRY_AFTER_S``."""
+        with self._lock:
+            return not self._idle or self._idle[-1].open()
 
     def _discover(self, address: str) -> None:
         port = lean_port_of(self._conn)

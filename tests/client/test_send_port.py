@@ -175,6 +175,35 @@ def test_sync_sends_go_on_over_grpc_and_back_when_the_broker_restarts(tmp_path, 
         proc.kill9()
 
 
+def test_sends_take_the_port_of_a_broker_restarted_between_them_at_once(broker_factory, topic_name):
+    """The broker stops between two sends and comes back at the same address with another send
+    port: the next send finds its idle link closed and looks the port up again, so no send goes
+    over gRPC (before, the closed link failed it, and the port went unused for 5 s)."""
+    from broker.config import BrokerConfig
+    from broker.server import start_broker
+
+    first = broker_factory()
+    Admin(first.address).create_topic(topic_name, 1)
+    history = History()
+    with Producer(first.address) as producer:
+        for seq in range(10):
+            producer.send(topic_name, body("k", seq), key="k")
+            history.sent("k", seq, acked=True)
+        assert _port_sends(first) == 10
+        first.stop()
+        second = start_broker(BrokerConfig(port=first.port, data_dir=first.config.data_dir))
+        try:
+            for seq in range(10, 20):
+                producer.send(topic_name, body("k", seq), key="k")
+                history.sent("k", seq, acked=True)
+            assert second.send_port.port != first.send_port.port
+            assert (_port_sends(second), _port_sends(second, "Send")) == (10, 0)
+            verdict = _verdict(second.address, topic_name, history)
+            assert verdict.ok and verdict.deliveries == 20, verdict
+        finally:
+            second.stop()
+
+
 def test_a_sync_send_cut_off_by_a_freeze_is_unknown_then_settled_once(tmp_path, topic_name):
     proc = BrokerProcess(tmp_path / "data").start()
     try:
