@@ -150,6 +150,7 @@ class PullResult:
     next_offset: int
     min_offset: int
     max_offset: int
+    boot_id: int = 0  # the broker's start that answered: another one may hold another log tail
 
     def __iter__(self) -> Iterator[Message]:
         return iter(self.messages)

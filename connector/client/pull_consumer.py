@@ -8,6 +8,7 @@ once another client has taken the lock.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import threading
@@ -24,10 +25,12 @@ from broker.wire.errors import (
 )
 from connector.client.connection import BrokerConnection, Credentials, TlsOptions, pb
 from connector.client.locking import lock_queues
-from connector.client.messages import Message, MessageQueue, PullResult
+from connector.client.messages import Message, MessageQueue, PullResult, same_stored
 from connector.client.routed import RoutedConnection
 
 __all__ = ["EARLIEST", "LATEST", "PullConsumer", "default_client_id", "message_at"]
+
+log = logging.getLogger(__name__)
 
 EARLIEST = "earliest"
 LATEST = "latest"
@@ -85,6 +88,7 @@ class PullConsumer:
         self.routes = self.connection.routes
         self._lock = threading.Lock()
         self._positions: dict[MessageQueue, int] = {}
+        self._followed: dict[MessageQueue, tuple[int, Message]] = {}  # poll's last message and the broker start
         self._epochs: dict[MessageQueue, int] = {}
         self._next_queue = 0
 
@@ -130,6 +134,7 @@ class PullConsumer:
             next_offset=response.next_offset,
             min_offset=response.min_offset,
             max_offset=response.max_offset,
+            boot_id=response.boot_id,
         )
 
     def query_offsets(self, topic: str, queue_id: int, timestamp_ms: int | None = None) -> tuple[int, int, int]:
@@ -158,7 +163,7 @@ class PullConsumer:
             if mq not in all_queues:
                 raise QueueOutOfRangeError(f"topic {topic!r} has queues 0..{len(all_queues) - 1}, not {mq.queue_id}")
         for mq in chosen:
-            self._positions[mq] = self._start_offset(mq, start)
+            self._move(mq, self._start_offset(mq, start))
 
     def assignment(self) -> list[MessageQueue]:
         return sorted(self._positions)
@@ -166,6 +171,7 @@ class PullConsumer:
     def unassign(self, topic: str | None = None) -> None:
         for mq in [m for m in self._positions if topic is None or m.topic == topic]:
             del self._positions[mq]
+            self._followed.pop(mq, None)
 
     def _start_offset(self, mq: MessageQueue, start: str) -> int:
         lo, hi, _ = self.query_offsets(mq.topic, mq.queue_id)
@@ -191,23 +197,29 @@ class PullConsumer:
     def seek(self, topic: str, queue_id: int, offset: int | str) -> int:
         """Move an assigned queue to ``offset``, ``"earliest"`` or ``"latest"``; returns the offset."""
         mq = self._assigned(topic, queue_id)
-        if isinstance(offset, str):
-            self._positions[mq] = self._start_offset(mq, offset)
-        else:
-            self._positions[mq] = int(offset)
-        return self._positions[mq]
+        return self._move(mq, self._start_offset(mq, offset) if isinstance(offset, str) else int(offset))
 
     def seek_to_timestamp(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
         """Move an assigned queue to its first message stored at or after ``timestamp_ms``."""
         mq = self._assigned(topic, queue_id)
-        self._positions[mq] = self.query_offsets(topic, queue_id, timestamp_ms)[2]
-        return self._positions[mq]
+        return self._move(mq, self.query_offsets(topic, queue_id, timestamp_ms)[2])
+
+    def _move(self, mq: MessageQueue, offset: int) -> int:
+        """Set a queue's position where its caller (not its last poll) says."""
+        self._positions[mq] = offset
+        self._followed.pop(mq, None)
+        return offset
 
     def poll(self, max_messages: int = 32, *, wait_ms: int = 0, tag_expression: str | None = None) -> list[Message]:
         """The next messages of one assigned queue that has some (queues taken in turn).
 
         Advances that queue's position; commit it with ``commit``. With ``wait_ms``, waits up to
         that long in total when no queue has anything.
+
+        A queue answered by another start of the broker than its last poll is checked first: if its
+        log lost its tail (a power cut with flush = "async") and other messages were stored at those
+        offsets, or it now ends below the position, the position moves back to the first message
+        stored since the last one polled, so that none of them is skipped.
         """
         with self._lock:
             queues = sorted(self._positions)
@@ -219,15 +231,63 @@ class PullConsumer:
                 with self._lock:
                     mq = queues[self._next_queue % len(queues)]
                     self._next_queue += 1
-                result = self.pull(
-                    mq.topic, mq.queue_id, self._positions[mq], max_messages, tag_expression=tag_expression
-                )
-                self._positions[mq] = result.next_offset
-                if result.messages:
-                    return result.messages
+                messages = self._poll_queue(mq, max_messages, tag_expression)
+                if messages:
+                    return messages
             if time.monotonic() >= deadline:
                 return []
             time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+
+    def _poll_queue(self, mq: MessageQueue, max_messages: int, tag_expression: str | None) -> list[Message]:
+        """The next messages of ``mq`` from its position, which moves past them; pulled once more
+        from where its log was cut when it lost its tail."""
+        for _ in range(2):
+            try:
+                result = self.pull(mq.topic, mq.queue_id, self._positions[mq], max_messages,
+                                   tag_expression=tag_expression)
+            except OffsetOutOfRangeError:
+                if not self._ended_below(mq):
+                    raise
+                continue
+            if not self._reads_on(mq, result.boot_id):
+                continue
+            self._positions[mq] = result.next_offset
+            if result.messages:
+                self._followed[mq] = (result.boot_id, result.messages[-1])
+            return result.messages
+        return []
+
+    def _reads_on(self, mq: MessageQueue, boot_id: int) -> bool:
+        """Whether a poll of ``mq`` answered by broker start ``boot_id`` goes on from its position:
+        yes unless another start answers and the last message polled is not there any more (then
+        the position moves to the cut)."""
+        followed = self._followed.get(mq)
+        if followed is None or followed[0] == boot_id:
+            return True
+        last = followed[1]
+        found = message_at(self.connection, mq.topic, mq.queue_id, last.queue_offset)
+        if found is not None and same_stored(found, last):
+            self._followed[mq] = (boot_id, last)
+            return True
+        self._start_at_cut(mq, last)
+        return False
+
+    def _ended_below(self, mq: MessageQueue) -> bool:
+        """Whether a queue polled before now ends below its position (its log lost its tail, or the
+        topic was recreated); its position then moves to the cut."""
+        followed = self._followed.get(mq)
+        if followed is None or self._positions[mq] <= self.query_offsets(mq.topic, mq.queue_id)[1]:
+            return False  # below the first message (retention): the caller decides
+        self._start_at_cut(mq, followed[1])
+        return True
+
+    def _start_at_cut(self, mq: MessageQueue, last: Message) -> None:
+        """Move ``mq`` to the first message stored after ``last``, the last one polled."""
+        cut = self.query_offsets(mq.topic, mq.queue_id, last.store_timestamp + 1)[2]
+        log.warning("pull consumer %s: %s no longer holds the message polled at offset %d (a power cut cut its "
+                    "log's tail): polling on from offset %d, the first stored since", self.client_id, mq,
+                    last.queue_offset, cut)
+        self._move(mq, cut)
 
     # -- offsets -------------------------------------------------------------------------------
 
