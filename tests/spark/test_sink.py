@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
+import signal
+import threading
 
 import pyarrow as pa
 import pytest
@@ -148,14 +151,20 @@ def test_a_task_whose_lean_port_closes_sends_on_over_grpc(broker_factory, topic_
 
 
 def test_a_task_stages_again_in_a_new_transaction_on_a_broker_older_than_numbering(tmp_path, topic_name):
-    """A broker from before numbered staging would stage a resent send twice. Killed -9 between a
-    task's sends and back, it cannot be sent the lost send again: the task stages everything again
-    in a new transaction (``<id>.r1``) and the old one is never committed; every row once, in order."""
+    """A broker from before numbered staging would stage a resent send twice. Frozen as a task's
+    send reaches it, then killed -9 and started again, it cannot be sent that send again (it may
+    have staged it): the task stages everything again in a new transaction (``<id>.r1``) and the
+    old one is never committed; every row once, in order."""
     from connector.client.connection import BrokerConnection
     from tests.support import BROKER_BEFORE_NUMBERED_STAGING, older_broker
 
     broker = older_broker(tmp_path, BROKER_BEFORE_NUMBERED_STAGING).start()
     events = keyed_events(4, 30)
+
+    def restart():
+        broker.kill9()
+        broker.start()
+
     try:
         with BrokerConnection(broker.address) as conn:
             create_topic(conn, topic_name, 2)
@@ -163,9 +172,9 @@ def test_a_task_stages_again_in_a_new_transaction_on_a_broker_older_than_numberi
 
             def batches():
                 for start in range(0, len(events), 10):  # each batch fills every queue's 1024 bytes: a send each
-                    if start == 50:
-                        broker.kill9()
-                        broker.start()
+                    if start == 50:  # the next send is written to a frozen broker, which is then killed
+                        os.kill(broker.pid, signal.SIGSTOP)
+                        threading.Timer(0.5, restart).start()
                     yield _batch(events[start:start + 10], pad=200)
 
             message = writer.write(batches())
