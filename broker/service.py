@@ -283,7 +283,7 @@ class BrokerService:
         end = queue.visible_offset
         at = min(queue.offset_for_timestamp(request.timestamp), end) if request.has_timestamp else end
         return pb.QueryOffsetsResponse(min_offset=queue.min_offset, max_offset=end,
-                                       offset_for_timestamp=at, now_ms=queue.clock())
+                                       offset_for_timestamp=at, now_ms=queue.clock(), boot_id=self.boot_id)
 
     # -- group offsets -------------------------------------------------------------------------
 

@@ -283,16 +283,18 @@ class QueryOffsetsRequest(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., timestamp: _Optional[int] = ..., has_timestamp: _Optional[bool] = ...) -> None: ...
 
 class QueryOffsetsResponse(_message.Message):
-    __slots__ = ("min_offset", "max_offset", "offset_for_timestamp", "now_ms")
+    __slots__ = ("min_offset", "max_offset", "offset_for_timestamp", "now_ms", "boot_id")
     MIN_OFFSET_FIELD_NUMBER: _ClassVar[int]
     MAX_OFFSET_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FOR_TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
     NOW_MS_FIELD_NUMBER: _ClassVar[int]
+    BOOT_ID_FIELD_NUMBER: _ClassVar[int]
     min_offset: int
     max_offset: int
     offset_for_timestamp: int
     now_ms: int
-    def __init__(self, min_offset: _Optional[int] = ..., max_offset: _Optional[int] = ..., offset_for_timestamp: _Optional[int] = ..., now_ms: _Optional[int] = ...) -> None: ...
+    boot_id: int
+    def __init__(self, min_offset: _Optional[int] = ..., max_offset: _Optional[int] = ..., offset_for_timestamp: _Optional[int] = ..., now_ms: _Optional[int] = ..., boot_id: _Optional[int] = ...) -> None: ...
 
 class CommitOffsetRequest(_message.Message):
     __slots__ = ("group", "topic", "queue_id", "offset", "client_id", "epoch")

@@ -48,6 +48,7 @@ class DriverState:
         self.locks.on_change = self.warden.holds
         self.last_latest: Positions | None = None
         self.last_read_at: Positions = {}  # the broker's clock as it answered for each queue of last_latest
+        self.last_boot: Positions = {}  # the broker's start that answered for each queue of last_latest
         self.tails = LostTails(self.conn)
         self.routes: dict[str, pb.TopicRoute] = {}  # the topics' routes as last read (queue -> group)
         self._routes_read_at: float | None = None
@@ -78,10 +79,17 @@ class DriverState:
         return metadata.placement(self.routes[ref[0]], ref[1])
 
     def latest(self, queues: list[QueueRef]) -> Positions:
-        ends = metadata.queue_ends_read_at(self.conn, queues)
-        self.last_latest = {ref: end for ref, (end, _) in ends.items()}
-        self.last_read_at = {ref: at for ref, (_, at) in ends.items()}
+        states = metadata.queue_states(self.conn, queues)
+        self.last_latest = {ref: state.max_offset for ref, state in states.items()}
+        self.last_read_at = {ref: state.now_ms for ref, state in states.items()}
+        self.last_boot = {ref: state.boot_id for ref, state in states.items()}
         return dict(self.last_latest)
+
+    def check_tails(self, queues: list[QueueRef], *offsets: dict) -> None:
+        """Look below the positions of ``offsets`` for a lost tail (``LostTails``) in the queues whose
+        lock epoch, or the broker's start that last answered for them, changed since last looked at."""
+        epochs = self.locks.epochs(queues)
+        self.tails.check({ref: (epochs[ref], self.last_boot.get(ref, 0)) for ref in queues}, *offsets)
 
     # -- the group's offsets ---------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ from connector.spark.offsets import Positions, QueueRef
 from connector.spark.options import EARLIEST, LATEST, OffsetSpec
 
 __all__ = ["Connection", "QueueBounds", "all_queues", "at_once", "by_group", "describe_topics", "each_concurrently",
-           "group_connection", "group_of", "placement", "queue_bounds", "queue_ends", "queue_ends_read_at", "queue_state",
+           "group_connection", "group_of", "placement", "queue_bounds", "queue_ends", "queue_state", "queue_states",
            "resolve_positions"]
 
 log = logging.getLogger(__name__)
@@ -128,13 +128,12 @@ def queue_bounds(conn: BrokerConnection, ref: QueueRef, timestamp: int | None = 
 
 def queue_ends(conn: BrokerConnection, queues: Sequence[QueueRef]) -> Positions:
     """The offset the next message of each queue will get, asked of every queue at once."""
-    return {ref: end for ref, (end, _) in queue_ends_read_at(conn, queues).items()}
+    return {ref: state.max_offset for ref, state in queue_states(conn, queues).items()}
 
 
-def queue_ends_read_at(conn: BrokerConnection, queues: Sequence[QueueRef]) -> dict[QueueRef, tuple[int, int]]:
-    """``queue_ends`` and the broker's clock as it answered for each queue (``lost_tails``)."""
-    states = each_concurrently(lambda ref: queue_state(conn, ref), queues)
-    return {ref: (state.max_offset, state.now_ms) for ref, state in zip(queues, states, strict=True)}
+def queue_states(conn: BrokerConnection, queues: Sequence[QueueRef]) -> dict[QueueRef, pb.QueryOffsetsResponse]:
+    """``queue_state`` of every queue, asked at once."""
+    return dict(zip(queues, each_concurrently(lambda ref: queue_state(conn, ref), queues), strict=True))
 
 
 def resolve_positions(

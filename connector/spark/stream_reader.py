@@ -117,14 +117,12 @@ class OrderlyMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         spark_begin, begun_at = positions_of(start), read_at_of(start)
         state = self._state(client_id_of(start), spark_begin)
         queues = state.queues()
-        state.tails.check(state.locks.epochs(queues), start)
+        # The ends first: their answers tell whether the broker started again since (its log may
+        # have lost the tail below ``start``), before anything is committed or planned from there.
+        latest = state.latest(queues)
+        state.check_tails(queues, start)
         begin = state.effective(spark_begin, begun_at)
-        if state.uncommitted(begin):
-            # Every batch up to ``start`` has completed (see DriverState.commit): commit it while
-            # the queues' ends are read, two independent round trips at once.
-            _, latest = metadata.at_once(lambda: state.commit(begin), lambda: state.latest(queues))
-        else:
-            latest = state.latest(queues)
+        state.commit(begin)  # every batch up to ``start`` has completed (see DriverState.commit)
         if self._target is not None:
             latest = {ref: min(pos, self._target.get(ref, 0)) for ref, pos in latest.items()}
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
@@ -147,7 +145,7 @@ class OrderlyMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         client_id = client_id_of(end)
         spark_begin = positions_of(start)
         state = self._state(client_id, spark_begin)
-        state.tails.check(state.locks.epochs(state.queues()), start, end)  # a batch replayed after a restart
+        state.check_tails(state.queues(), start, end)  # a batch replayed after a restart
         begin = state.effective(spark_begin, read_at_of(start))
         finish = state.tails.effective(positions_of(end), read_at_of(end))
         ranges = [(ref, begin.get(ref, 0), stop) for ref, stop in sorted(finish.items()) if stop > begin.get(ref, 0)]

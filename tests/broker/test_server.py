@@ -108,6 +108,7 @@ def test_pull_limits_offsets_and_timestamps(conn, topic_name):
     last = codec.decode_many(conn.call("Pull", pb.PullRequest(topic=topic_name, queue_id=0, offset=29)).batches)
     stored = last.column("store_timestamp").cast(pa.int64())[0].as_py()
     assert stored <= offsets.now_ms <= codec.now_ms()
+    assert offsets.boot_id == resp.boot_id != 0  # the broker's start, as its pulls name it
     with pytest.raises(OffsetOutOfRangeError, match="beyond the maximum 30"):
         conn.call("Pull", pb.PullRequest(topic=topic_name, queue_id=0, offset=31))
 

@@ -11,6 +11,7 @@ import shutil
 import signal
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -351,6 +352,42 @@ def test_running_query_reads_what_was_stored_again_after_a_power_cut(ospark, res
         query.stop()
     assert query.exception() is None
     assert_delivered(first + lost + stored_again, row_events(collector.rows()))
+
+
+def test_a_restarted_brokers_first_answer_sends_the_driver_looking_below_its_position(
+        restartable, topic_name, tmp_path, monkeypatch):
+    """The driver plans a batch from the first answer of a broker that came back from a power cut
+    and stored 8 messages again (offsets 5..12), before its lock keeper (renewing every 20 s here)
+    learns the lock's new epoch: that answer names another start of the broker, so the driver looks
+    below its position 10 and plans the batch from the cut, 5. The driver-side reader's calls as
+    Spark makes them, without Spark: the race of a running query, made certain."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from connector.spark import locks
+    from connector.spark.source import OrderlyMQDataSource
+
+    monkeypatch.setattr(locks, "MAX_RENEW_S", 600.0)
+    proc, conn = restartable
+    create_topic(conn, topic_name, 1)
+    first_and_lost(conn, topic_name)
+    source = OrderlyMQDataSource({"brokers": proc.address, "topic": topic_name, "consumerGroup": "cut"})
+    reader = source.streamReader(source.schema())
+    with ThreadPoolExecutor(1) as driver:  # not the main thread, as in Spark's reader process
+
+        def call(method, *args):
+            return driver.submit(method, *args).result()
+
+        start = call(reader.initialOffset)
+        end = call(reader.latestOffset, start, ReadAllAvailable())
+        assert call(reader.latestOffset, end, ReadAllAvailable()) == end  # idle at 10, committed
+        power_cut(proc, tmp_path, topic_name)
+        produce(conn, topic_name, 1, [("k1", seq) for seq in range(8)])
+        following = call(reader.latestOffset, end, ReadAllAvailable())
+        planned = call(reader.partitions, end, following)
+        call(reader.stop)
+    # Planned from 10 (the lock's epoch unchanged as far as the driver knew), it read k1:5..7 and
+    # skipped k1:0..4 (what a running query did once in a test run).
+    assert [(part.start, part.end) for part in planned] == [(5, 13)]
 
 
 def test_batch_in_flight_over_a_power_cut_fails_and_the_restart_reads_what_was_stored_again(
