@@ -7,9 +7,9 @@ in its offsets comes with ``readAtMs``: the broker's clock when the queue's end 
 (``QueryOffsetsResponse.now_ms``), at or after which every message below the position had been
 stored. After a queue's lock came back at a new epoch (the broker restarted, or the query did),
 or another start of the broker answered for the queue, the message just below the position is
-looked at: missing, or stored after that time, it is
-another one, and the query reads on from the first offset stored since (the log's cut), instead
-of skipping what was stored there. Nothing the query read is read again: those messages are gone.
+looked at: missing, or stored after that time, it is another one, and the query reads on from the
+first offset stored since (the log's cut), instead of skipping what was stored there. Nothing the
+query read is read again: those messages are gone.
 """
 
 from __future__ import annotations
