@@ -49,7 +49,7 @@ class Deliveries:
 
 
 @pytest.fixture
-def setup(tmp_path, topic_name):
+def behind_proxy(tmp_path, topic_name):
     """A broker (no lean port), a proxy to it, a direct connection, a producer, and a started
     consumer of a one-queue topic behind the proxy."""
     broker = broker_process(tmp_path / "data", flush="sync", send_port=-1, **FAST_BROKER).start()
@@ -83,9 +83,9 @@ def committed(conn: BrokerConnection, topic: str) -> int:
     return conn.call("GetOffset", pb.GetOffsetRequest(group=GROUP, topic=topic, queue_id=0)).offset
 
 
-def consume_ten(setup, topic: str) -> None:
+def consume_ten(behind_proxy, topic: str) -> None:
     """The consumer was handed a:0..9 and committed after a:4 (offset 5)."""
-    broker, proxy, conn, producer, consumer, deliveries = setup
+    broker, proxy, conn, producer, consumer, deliveries = behind_proxy
     send(producer, topic, "a", range(10))
     assert wait_until(lambda: deliveries.of("a") == list(range(10)) and committed(conn, topic) == 5, 20), \
         (deliveries.of("a"), committed(conn, topic))
@@ -101,9 +101,9 @@ def unlock_rival(conn: BrokerConnection, topic: str) -> None:
     conn.call("UnlockBatch", pb.UnlockBatchRequest(group=GROUP, client_id="rival", topic=topic, queue_ids=[0]))
 
 
-def test_goes_on_where_it_was_when_nobody_consumed_meanwhile(setup, topic_name):
-    broker, proxy, conn, producer, consumer, deliveries = setup
-    consume_ten(setup, topic_name)
+def test_goes_on_where_it_was_when_nobody_consumed_meanwhile(behind_proxy, topic_name):
+    broker, proxy, conn, producer, consumer, deliveries = behind_proxy
+    consume_ten(behind_proxy, topic_name)
     proxy.cut()
     free_and_lock(conn, topic_name)  # another client locks the queue but consumes nothing
     unlock_rival(conn, topic_name)
@@ -116,9 +116,9 @@ def test_goes_on_where_it_was_when_nobody_consumed_meanwhile(setup, topic_name):
     assert wait_until(lambda: committed(conn, topic_name) == 21, 20), committed(conn, topic_name)
 
 
-def test_starts_over_from_the_offset_another_client_committed(setup, topic_name):
-    broker, proxy, conn, producer, consumer, deliveries = setup
-    consume_ten(setup, topic_name)
+def test_starts_over_from_the_offset_another_client_committed(behind_proxy, topic_name):
+    broker, proxy, conn, producer, consumer, deliveries = behind_proxy
+    consume_ten(behind_proxy, topic_name)
     proxy.cut()
     epoch = free_and_lock(conn, topic_name)
     send(producer, topic_name, "a", range(10, 20))
@@ -133,9 +133,9 @@ def test_starts_over_from_the_offset_another_client_committed(setup, topic_name)
     assert committed(conn, topic_name) == 15
 
 
-def test_starts_over_when_the_log_was_cut_back_and_written_again(setup, topic_name, tmp_path):
-    broker, proxy, conn, producer, consumer, deliveries = setup
-    consume_ten(setup, topic_name)
+def test_starts_over_when_the_log_was_cut_back_and_written_again(behind_proxy, topic_name, tmp_path):
+    broker, proxy, conn, producer, consumer, deliveries = behind_proxy
+    consume_ten(behind_proxy, topic_name)
     proxy.cut()
     broker.kill9()
     [segment] = segments(tmp_path / "data" / "topics" / topic_name / "0")
