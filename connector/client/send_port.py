@@ -73,6 +73,8 @@ class _Link:
             self.sock.close()
             raise
         self.timeout = timeout
+        self._readable = select.poll()  # nothing is due to arrive between round trips: a look at it
+        self._readable.register(self.sock, select.POLLIN)
 
     def round_trip(self, parts: Sequence, timeout: float) -> bytes:
         """Send the request whose bytes are ``parts`` joined, and return its answer."""
@@ -115,14 +117,8 @@ class _Link:
 
     def open(self) -> bool:
         """Whether the broker still holds this idle link open: one that stopped or restarted has
-        closed it (between round trips nothing is due to arrive)."""
-        try:
-            self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-        except BlockingIOError:
-            return True
-        except OSError:
-            return False
-        return False  # closed, or bytes no request asked for
+        closed it, which makes it readable (between round trips nothing is due to arrive)."""
+        return not self._readable.poll(0)
 
     def close(self) -> None:
         self.sock.close()
