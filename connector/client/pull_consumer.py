@@ -28,7 +28,7 @@ from connector.client.locking import lock_queues
 from connector.client.messages import Message, MessageQueue, PullResult, same_stored
 from connector.client.routed import RoutedConnection
 
-__all__ = ["EARLIEST", "LATEST", "PullConsumer", "default_client_id", "message_at"]
+__all__ = ["EARLIEST", "LATEST", "PullConsumer", "default_client_id", "message_at", "still_stored"]
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +45,13 @@ def message_at(conn: BrokerConnection, topic: str, queue_id: int, offset: int) -
         return None
     messages = Message.from_table(codec.decode_many(found.batches), topic, queue_id)
     return messages[0] if messages and messages[0].queue_offset == offset else None
+
+
+def still_stored(conn: BrokerConnection, pulled: Message) -> bool:
+    """Whether the queue still holds ``pulled`` at its offset: not after a broker start whose log
+    lost its tail and stored other messages there (``same_stored``)."""
+    found = message_at(conn, pulled.topic, pulled.queue_id, pulled.queue_offset)
+    return found is not None and same_stored(found, pulled)
 
 
 def default_client_id() -> str:
@@ -265,8 +272,7 @@ class PullConsumer:
         if followed is None or followed[0] == boot_id:
             return True
         last = followed[1]
-        found = message_at(self.connection, mq.topic, mq.queue_id, last.queue_offset)
-        if found is not None and same_stored(found, last):
+        if still_stored(self.connection, last):
             self._followed[mq] = (boot_id, last)
             return True
         self._start_at_cut(mq, last)

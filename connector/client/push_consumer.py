@@ -47,12 +47,11 @@ from connector.client.messages import (
     PROPERTY_RECONSUME_TIMES,
     Message,
     MessageQueue,
-    same_stored,
 )
 from connector.client.offset_store import LocalOffsetStore, RemoteOffsetStore, check_consume_from, start_offset
 from connector.client.process_queue import ProcessQueue
 from connector.client.producer import Producer
-from connector.client.pull_consumer import default_client_id, message_at
+from connector.client.pull_consumer import default_client_id, still_stored
 from connector.client.pull_port import PullLink, PullPortFailure, open_pull_link
 from connector.client.rebalance import ALLOCATORS, AllocateStrategy
 from connector.client.routed import RoutedConnection
@@ -632,8 +631,7 @@ class PushConsumer(abc.ABC):
         if not previous or previous == boot_id or last is None:
             return True
         try:
-            found = message_at(self.connection, pq.mq.topic, pq.mq.queue_id, last.queue_offset)
-            if found is not None and same_stored(found, last):
+            if still_stored(self.connection, last):
                 return True
             cut = self._query_offsets(pq.mq, last.store_timestamp + 1)[2]
             with pq.commit_lock:  # after a commit of the old position in flight, never before
