@@ -4,13 +4,17 @@ A pipelining producer returns a future per message. A plain ``Future`` builds a
 ``threading.Condition`` (and its ``RLock``) on creation, which costs more than everything else
 ``send_async`` does, and most futures are never waited on or given a callback before their
 answer comes: the caller collects them afterwards, or not at all. A ``SendFuture`` builds its
-condition (and its lists of waiters and callbacks) on first use (a wait, a callback,
-``concurrent.futures.wait``), and the sender resolves one that nobody has touched yet without it.
+condition (and its lists of waiters and callbacks) on first wait (``result``, ``concurrent.futures.wait``),
+and the sender resolves one that nobody waits on without it. Callbacks added before are kept in a
+plain list and run when it resolves: with a condition per callback, sending with a callback per
+message (RocketMQ's ``SendCallback`` pattern) went at a third of the speed.
 
 Why this is safe: every ``Future`` method reaches the condition through ``self._condition``, which
 here is created under ``_CREATING``; ``set_result`` / ``set_exception`` look for it under that same
 lock and, when it does not exist yet, finish the future while holding it. A caller that touches the
 future afterwards builds the condition and then sees it finished, so no waiter or callback is missed.
+Callbacks added before the condition are taken, under that lock, by whichever comes first: the
+finish, which runs them, or the condition, which hands them to ``Future``'s own list.
 
 ``set_results`` leaves an untouched future its result's fields as a plain tuple and builds the result
 (a ``SendResult``) each time it is read. A program that keeps its futures then keeps one object per
@@ -25,6 +29,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from concurrent.futures._base import CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED, PENDING, RUNNING
+from concurrent.futures._base import LOGGER as _LOGGER
 from typing import Any
 
 __all__ = ["SendFuture"]
@@ -42,6 +47,7 @@ class SendFuture(Future):
         self._result = None
         self._exception = None
         self._build: Callable[..., Any] | None = None  # set_results: _result holds the fields to build it from
+        self._early_callbacks: list[Callable[[Future], Any]] | None = None  # added before the condition was made
 
     @property
     def _condition(self) -> threading.Condition:
@@ -52,22 +58,46 @@ class SendFuture(Future):
                 if condition is None:
                     # Future touches its waiters and callbacks only holding the condition: made with it.
                     self._waiters: list = []
-                    self._done_callbacks: list = []
+                    self._done_callbacks: list = self._early_callbacks or []
+                    self._early_callbacks = None
                     condition = self._lazy_condition = threading.Condition()
         return condition
 
     def _finish_untouched(self, result: Any, exception: BaseException | None) -> bool:
-        """Finish the future if nothing has used its condition yet (so nothing waits on it and no
-        callback is registered); False when it has one: the caller takes ``Future``'s own way."""
+        """Finish the future (and run its callbacks) if nothing has used its condition yet, so nothing
+        waits on it; False when it has one: the caller takes ``Future``'s own way."""
         with _CREATING:
             if self._lazy_condition is not None:
                 return False
             finished = self._state not in (PENDING, RUNNING)
             if not finished:  # the state last: a reader that sees FINISHED sees the outcome
                 self._result, self._exception, self._state = result, exception, FINISHED
+                callbacks, self._early_callbacks = self._early_callbacks, None
         if finished:
             raise InvalidStateError(f"{self._state}: {self!r}")
+        self._run(callbacks)
         return True
+
+    def add_done_callback(self, fn: Callable[[Future], Any]) -> None:
+        """As ``Future``'s, without making the condition: a callback per send (RocketMQ's
+        ``SendCallback`` pattern) would otherwise make one per message."""
+        with _CREATING:
+            if self._lazy_condition is None and self._state in (PENDING, RUNNING):
+                if self._early_callbacks is None:
+                    self._early_callbacks = [fn]
+                else:
+                    self._early_callbacks.append(fn)
+                return
+        super().add_done_callback(fn)
+
+    def _run(self, callbacks: list[Callable[[Future], Any]] | None) -> None:
+        """Once finished without a condition: the callbacks added before, taken with the finish
+        under ``_CREATING`` (a condition made afterwards has none to run), run as ``Future`` runs them."""
+        for callback in callbacks or ():
+            try:
+                callback(self)
+            except Exception:
+                _LOGGER.exception("exception calling callback for %r", self)
 
     # A finished future never changes again: reading its outcome needs no condition.
 
@@ -93,16 +123,23 @@ class SendFuture(Future):
     @staticmethod
     def set_results(futures: list[SendFuture], fields: list[tuple], build: Callable[..., Any]) -> None:
         """``future.set_result(build(*fields))`` for each pair, the untouched futures under one lock,
-        each keeping its fields (a plain tuple) and building its result when it is read."""
-        touched = []
+        each keeping its fields (a plain tuple) and building its result when it is read. Callbacks
+        run in the order of ``futures``."""
+        rest = []  # (future, its callbacks to run) or (future, None, fields for Future's own way)
         with _CREATING:
             for future, values in zip(futures, fields, strict=True):
                 if future._lazy_condition is None and future._state in (PENDING, RUNNING):
                     future._result, future._build, future._state = values, build, FINISHED
+                    if future._early_callbacks is not None:
+                        rest.append((future, future._early_callbacks, None))
+                        future._early_callbacks = None
                 else:
-                    touched.append((future, values))
-        for future, values in touched:
-            Future.set_result(future, build(*values))
+                    rest.append((future, None, values))
+        for future, callbacks, values in rest:
+            if callbacks is None:
+                Future.set_result(future, build(*values))
+            else:
+                future._run(callbacks)
 
     def set_exception(self, exception: BaseException | None) -> None:
         if not self._finish_untouched(None, exception):

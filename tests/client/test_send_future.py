@@ -130,3 +130,60 @@ def test_a_kept_future_resolved_from_fields_holds_nothing_the_collector_tracks()
     gc.collect()
     assert not gc.is_tracked(future._result)
     assert future.result().o == 7
+
+
+def test_callbacks_added_while_pending_run_in_order_without_a_condition():
+    """A callback per send (RocketMQ's SendCallback): kept in a plain list, run once each, in the
+    order the futures resolve, each seeing its built result; a failing callback is logged."""
+    futures = [SendFuture() for _ in range(5)]
+    seen = []
+    for future in futures:
+        future.add_done_callback(lambda f: seen.append(f.result()))
+    futures[2].add_done_callback(lambda f: seen.append("second of 2"))
+    SendFuture.set_results(futures, [(n,) for n in range(5)], lambda n: ("built", n))
+    assert seen == [("built", 0), ("built", 1), ("built", 2), "second of 2", ("built", 3), ("built", 4)]
+    assert all(f._lazy_condition is None for f in futures)  # noqa: SLF001 - the point: none was made
+    failing = SendFuture()
+    failing.add_done_callback(lambda f: 1 / 0)  # logged, and the next one still runs
+    failing.add_done_callback(lambda f: seen.append("after a failed one"))
+    failing.set_result(1)
+    assert seen[-1] == "after a failed one"
+    failed = SendFuture()
+    failed.add_done_callback(lambda f: seen.append(type(f.exception())))
+    failed.set_exception(KeyError("k"))
+    assert seen[-1] is KeyError
+
+
+def test_a_callback_added_before_a_waiter_made_the_condition_still_runs_once():
+    future = SendFuture()
+    seen = []
+    future.add_done_callback(lambda f: seen.append(f.result()))
+    with pytest.raises(cf.TimeoutError):
+        future.result(timeout=0.01)  # makes the condition: the callback moves to Future's own list
+    SendFuture.set_results([future], [(7,)], lambda n: n * 2)
+    assert seen == [14]
+
+
+@pytest.mark.parametrize("resolve", [_resolve_one_by_one, _resolve_from_fields])
+def test_racing_callbacks_waiters_and_setters_run_each_callback_once(resolve):
+    """Callbacks added and conditions made (by waiters) while the sender resolves the futures."""
+    for _ in range(200):
+        futures = [SendFuture() for _ in range(50)]
+        seen = collections.Counter()
+
+        def add_callbacks(futures, seen):
+            for f in futures:
+                f.add_done_callback(lambda f: seen.update([f.result()]))
+
+        def wait_on_some(futures):  # cf.wait makes the condition of each, finished or not
+            for f in futures[::3]:
+                cf.wait([f], timeout=10)
+
+        threads = [threading.Thread(target=add_callbacks, args=(futures, seen)),
+                   threading.Thread(target=wait_on_some, args=(futures,))]
+        for thread in threads:
+            thread.start()
+        resolve(futures)
+        for thread in threads:
+            thread.join(10)
+        assert seen == collections.Counter(("built", n) for n in range(50))
