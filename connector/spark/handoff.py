@@ -10,7 +10,9 @@ in its commit log, it reads the batch's source offsets from the query's checkpoi
 (``<checkpointLocation>/offsets/<batchId>``) and commits, for every ``orderlymq`` source there,
 the group's offsets to the batch's end, as the source's own client id and with the epoch of the
 lock that client holds now (a queue the client no longer holds is left alone: fencing still
-applies); in a cluster each on the master of the broker group holding the queue. What remains is the time between the sink's last ``CommitTxn`` and these commits.
+applies); in a cluster each on the master of the broker group holding the queue. Where a log lost
+its tail after the batch's end was read (a power cut with ``flush = "async"``), the group's offset
+moves no further than the first offset written again: the query reads those messages next. What remains is the time between the sink's last ``CommitTxn`` and these commits.
 
 Best effort by design: any failure is logged and the source's own lazy commit still follows.
 """
@@ -26,8 +28,8 @@ from connector.client.connection import BrokerConnection, pb
 from connector.client.locking import queues_by_topic
 from connector.client.routed import RoutedConnection
 from connector.spark.connections import shared_connection
-from connector.spark.metadata import by_group, each_concurrently, group_connection
-from connector.spark.offsets import positions_of
+from connector.spark.metadata import by_group, each_concurrently, group_connection, queue_state
+from connector.spark.offsets import positions_of, read_at_of
 from connector.spark.security import ConnectionSecurity
 
 __all__ = ["advance_group_offsets", "source_offsets"]
@@ -66,44 +68,65 @@ def advance_group_offsets(checkpoint: str | None, batch_id: int, security: Conne
     for offset in source_offsets(checkpoint, batch_id):
         try:
             conn = shared_connection(offset["brokers"], security or ConnectionSecurity(), timeout=_CALL_TIMEOUT_S)
-            done += _advance(conn, offset["group"], offset["clientId"], positions_of(offset))
+            done += _advance(conn, offset["group"], offset["clientId"], positions_of(offset), read_at_of(offset))
         except OrderlyMQError as exc:
             log.warning("batch %d: advancing the offsets of group %r failed (the source commits them when it plans "
                         "the next batch): %s", batch_id, offset["group"], exc)
     return done
 
 
-def _advance(conn: RoutedConnection, group: str, client_id: str, positions: dict) -> int:
+def _advance(conn: RoutedConnection, group: str, client_id: str, positions: dict, read_at: dict) -> int:
     """Per broker group (a single broker is one): a group failing over leaves the others' commits."""
     done = 0
     for broker_group, refs in by_group(conn, positions).items():
         try:
             done += _advance_group(group_connection(conn, broker_group), group, client_id,
-                                   {ref: positions[ref] for ref in refs})
+                                   {ref: positions[ref] for ref in refs}, read_at)
         except OrderlyMQError as exc:
             log.warning("advancing the offsets of group %r on broker group %r failed (the source commits them when "
                         "it plans the next batch): %s", group, broker_group, exc)
     return done
 
 
-def _advance_group(conn: BrokerConnection, group: str, client_id: str, positions: dict) -> int:
-    """Per topic, its locks and the group's offsets read at once; then the queues the client holds
-    and the group has not reached yet move (never back), each with the epoch of its lock."""
+def _advance_group(conn: BrokerConnection, group: str, client_id: str, positions: dict, read_at: dict) -> int:
+    """Per topic, its locks, the group's offsets and where each log was written again since its
+    position was read, at once; then the queues the client holds and the group has not reached
+    yet move (never back), each with the epoch of its lock."""
     done = 0
     for topic, ids in queues_by_topic(positions).items():
+        looked = [queue_id for queue_id in ids if (topic, queue_id) in read_at]
 
-        def read(queue_id: int | None, topic: str = topic):  # None: the topic's locks
-            if queue_id is None:
+        def read(item: tuple[str, int | None], topic: str = topic):
+            what, queue_id = item
+            if what == "locks":
                 return conn.call("QueryLocks", pb.QueryLocksRequest(group=group, topic=topic)).locks
-            return conn.call("GetOffset", pb.GetOffsetRequest(group=group, topic=topic, queue_id=queue_id)).offset
+            if what == "offset":
+                return conn.call("GetOffset", pb.GetOffsetRequest(group=group, topic=topic, queue_id=queue_id)).offset
+            return queue_state(conn, (topic, queue_id), timestamp=read_at[(topic, queue_id)] + 1)
 
-        locks, *offsets = each_concurrently(read, [None, *ids])
+        locks, *answers = each_concurrently(
+            read, [("locks", None), *(("offset", q) for q in ids), *(("stored since", q) for q in looked)])
+        offsets = dict(zip(ids, answers[:len(ids)], strict=True))
+        ends = {queue_id: _end(topic, queue_id, positions[(topic, queue_id)], state)
+                for queue_id, state in zip(looked, answers[len(ids):], strict=True)}
         epochs = {lock.queue_id: lock.epoch for lock in locks if lock.client_id == client_id}
-        behind = [queue_id for queue_id, offset in zip(ids, offsets, strict=True)
-                  if queue_id in epochs and offset < positions[(topic, queue_id)]]  # a queue lost: fencing decides
         requests = [pb.CommitOffsetRequest(group=group, topic=topic, queue_id=queue_id, client_id=client_id,
-                                           offset=positions[(topic, queue_id)], epoch=epochs[queue_id])
-                    for queue_id in behind]
+                                           offset=ends.get(queue_id, positions[(topic, queue_id)]),
+                                           epoch=epochs[queue_id])
+                    for queue_id in ids if queue_id in epochs]  # a queue lost: fencing decides
+        requests = [request for request in requests if offsets[request.queue_id] < request.offset]
         each_concurrently(lambda request: conn.call("CommitOffset", request), requests)
         done += len(requests)
     return done
+
+
+def _end(topic: str, queue_id: int, position: int, state: pb.QueryOffsetsResponse) -> int:
+    """How far the group may move: the batch's end, or, where the log lost its tail after the end
+    was read (messages below it stored since, or fewer stored), the first offset written again,
+    which the query has not read yet (``connector.spark.lost_tails``)."""
+    written_again = state.offset_for_timestamp  # the first stored after the read (the log's end if none)
+    if written_again >= position:
+        return position
+    log.warning("queue %s/%d lost its tail after the query read up to offset %d: the group's offset moves to %d "
+                "at most, where the log was written again", topic, queue_id, position, written_again)
+    return written_again

@@ -1,11 +1,14 @@
-"""The driver's check of a log's tail (``connector.spark.lost_tails``) against a real broker: no
-Spark. The power cuts themselves are in ``test_source_reliability``."""
+"""The driver's check of a log's tail (``connector.spark.lost_tails``), and the sink's hand-over of
+the group's offsets after one, against a real broker: no Spark. The power cuts of running queries
+are in ``test_source_reliability``."""
 
 from __future__ import annotations
 
+import json
 import time
 
 from connector.client.connection import BrokerConnection, pb
+from connector.spark.handoff import advance_group_offsets
 from connector.spark.lost_tails import LostTails
 from connector.spark.offsets import positions_of, read_at_of, to_json
 from tests.faults.brokers import broker_process
@@ -42,6 +45,46 @@ def test_an_intact_tail_or_one_removed_by_retention_leaves_the_position(broker_f
     tails.check({ref: 3}, offset)
     assert tails.effective({ref: 5}, {ref: 0}) == {ref: 5}
     conn.close()
+
+
+def test_the_sinks_hand_over_moves_the_group_no_further_than_where_the_log_was_written_again(tmp_path, topic_name):
+    """A batch whose end (10) was read before a power cut, committed by the sink after it: the log
+    was cut to 7 and written again to 15. The group's offset moves to 7, where the query reads
+    on, not to 10 (which would skip the new 7..9 for the group's next consumer). An intact tail
+    moves it to the batch's end."""
+    broker = broker_process(tmp_path / "data", flush="sync", send_port=-1).start()
+    checkpoint = tmp_path / "checkpoint"
+    (checkpoint / "offsets").mkdir(parents=True)
+
+    def batch(batch_id: int, offset: dict) -> None:  # Spark's offsets log: version, metadata, one line per source
+        text = "\n".join(["v1", json.dumps({"batchWatermarkMs": 0}), json.dumps(offset)])
+        (checkpoint / "offsets" / str(batch_id)).write_text(text)
+
+    def hand_over(batch_id: int) -> int:
+        conn.call("LockBatch", pb.LockBatchRequest(group="g", client_id="c1", topic=topic_name, queue_ids=[0]))
+        advance_group_offsets(str(checkpoint), batch_id)
+        return conn.call("GetOffset", pb.GetOffsetRequest(group="g", topic=topic_name, queue_id=0)).offset
+
+    try:
+        conn = BrokerConnection(broker.address, retry_timeout=30)
+        conn.call("CreateTopic", pb.CreateTopicRequest(topic=topic_name, queue_count=1))
+        for _ in range(4):
+            send_rows(conn, topic_name, 0, [{"body": b"x"}])
+        batch(0, {**offset_at(conn, topic_name), "group": "g", "brokers": broker.address})  # at 4
+        assert hand_over(0) == 4
+        for _ in range(6):
+            send_rows(conn, topic_name, 0, [{"body": b"x"}])
+        batch(1, {**offset_at(conn, topic_name), "group": "g", "brokers": broker.address})  # at 10
+        broker.kill9()
+        [segment] = segments(tmp_path / "data" / "topics" / topic_name / "0")
+        truncate(records(segment)[7], keep=1)
+        broker.start()
+        for _ in range(8):
+            send_rows(conn, topic_name, 0, [{"body": b"x"}])
+        assert hand_over(1) == 7
+        conn.close()
+    finally:
+        broker.kill9()
 
 
 def test_cuts_one_after_another_each_move_the_positions_read_before_them(tmp_path, topic_name):
