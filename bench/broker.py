@@ -398,7 +398,8 @@ def pipelined_sends(workdir: Path, messages: int, queues: int = 8, callbacks: bo
     def count(future) -> None:
         acked[future.exception() is None] += 1
 
-    with BrokerProcess(workdir / "pipelined", "--flush", "async", "--log-level", "WARNING") as broker:
+    with BrokerProcess(workdir / ("pipelined-callbacks" if callbacks else "pipelined"), "--flush", "async",
+                       "--log-level", "WARNING") as broker:
         conn = BrokerConnection(broker.address)
         conn.call("CreateTopic", pb.CreateTopicRequest(topic="pipe", queue_count=queues))
         body = b"x" * (BODY_BYTES - 8)

@@ -19,6 +19,7 @@ def test_quick_benchmarks_write_valid_json(tmp_path):
     assert doc["mode"] == "quick"
     workloads = {row["workload"] for row in doc["rows"]}
     for expected in ("broker ingest, batched (async flush)", "pipelined acked sends, order verified",
+                     "pipelined acked sends, a callback per send, order verified",
                      "ConcurrentConsumer of a backlog, one message per listener call, each once",
                      "spark source: orderlymq -> noop (AvailableNow)",
                      "spark sink: benchmem -> orderlymq (exactly once)",
