@@ -10,9 +10,10 @@ in its commit log, it reads the batch's source offsets from the query's checkpoi
 (``<checkpointLocation>/offsets/<batchId>``) and commits, for every ``orderlymq`` source there,
 the group's offsets to the batch's end, as the source's own client id and with the epoch of the
 lock that client holds now (a queue the client no longer holds is left alone: fencing still
-applies); in a cluster each on the master of the broker group holding the queue. Where a log lost
-its tail after the batch's end was read (a power cut with ``flush = "async"``), the group's offset
-moves no further than the first offset written again: the query reads those messages next. What remains is the time between the sink's last ``CommitTxn`` and these commits.
+applies); in a cluster each on the master of the broker group holding the queue. What remains is
+the time between the sink's last ``CommitTxn`` and these commits. Where a log lost its tail after
+the batch's end was read (a power cut with ``flush = "async"``), the group's offset moves no
+further than the first offset written again: the query reads those messages next.
 
 Best effort by design: any failure is logged and the source's own lazy commit still follows.
 """
@@ -110,11 +111,12 @@ def _advance_group(conn: BrokerConnection, group: str, client_id: str, positions
         ends = {queue_id: _end(topic, queue_id, positions[(topic, queue_id)], state)
                 for queue_id, state in zip(looked, answers[len(ids):], strict=True)}
         epochs = {lock.queue_id: lock.epoch for lock in locks if lock.client_id == client_id}
-        requests = [pb.CommitOffsetRequest(group=group, topic=topic, queue_id=queue_id, client_id=client_id,
-                                           offset=ends.get(queue_id, positions[(topic, queue_id)]),
-                                           epoch=epochs[queue_id])
-                    for queue_id in ids if queue_id in epochs]  # a queue lost: fencing decides
-        requests = [request for request in requests if offsets[request.queue_id] < request.offset]
+        requests = []
+        for queue_id in ids:
+            end = ends.get(queue_id, positions[(topic, queue_id)])
+            if queue_id in epochs and offsets[queue_id] < end:  # a queue lost: fencing decides
+                requests.append(pb.CommitOffsetRequest(group=group, topic=topic, queue_id=queue_id,
+                                                       client_id=client_id, offset=end, epoch=epochs[queue_id]))
         each_concurrently(lambda request: conn.call("CommitOffset", request), requests)
         done += len(requests)
     return done
