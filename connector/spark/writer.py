@@ -3,8 +3,7 @@
 
 A task routes each input Arrow batch with the routing function (``connector.spark.sharding``),
 groups its rows by target queue with a stable sort (so every queue receives the task's rows in
-the order the task saw them) and sends each group as one or more Arrow batches, one after another
-on a thread of its own while the task reads and routes its next rows (``_SendsInTurn``). With
+the order the task saw them) and sends each group as one or more Arrow batches. With
 ``exactlyOnce`` (the default) the sends are staged in the task's own broker transaction and made
 visible by the driver's commit in partition order (``connector.spark.transactions``): a failed
 attempt leaves nothing visible, a replayed batch is committed once. Without it the task sends
@@ -20,13 +19,11 @@ master of the broker group holding it, and a task's transaction has one part per
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 import uuid
-from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -305,44 +302,6 @@ _Payload = Sequence[bytes | pa.Buffer]  # an Arrow IPC stream as the parts that 
 
 _MAX_BUFFERED_BYTES = 32 * 1024 * 1024  # a task's rows held back across all its queues
 _MAX_RESTAGE_BYTES = 256 * 1024 * 1024  # a task's staged payloads kept to stage again after a failover
-_SENDS_AHEAD = 2  # a task's sends on their way while it routes its next rows: one on the wire, one next
-
-
-class _SendsInTurn:
-    """A task's sends, made one after another on a thread of their own in the order given, while
-    the task reads and routes its next rows (each send waits for the broker's answer): at most
-    ``_SENDS_AHEAD`` on their way. Once one fails, none after it is made, so that no queue's later
-    rows follow a gap; the failure reaches the task at its next ``submit`` or ``wait``."""
-
-    def __init__(self) -> None:
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="orderlymq-sink-send")
-        self._pending: deque[Future] = deque()
-        self._failed = False
-
-    def submit(self, send: Callable[[], None]) -> None:
-        while len(self._pending) >= _SENDS_AHEAD:
-            self._pending.popleft().result()
-        self._pending.append(self._pool.submit(self._in_turn, send))
-
-    def _in_turn(self, send: Callable[[], None]) -> None:
-        if self._failed:
-            raise RuntimeError("not sent: an earlier send of the task failed")  # never seen: that failure is first
-        try:
-            send()
-        except BaseException:
-            self._failed = True
-            raise
-
-    def wait(self) -> None:
-        """Until every send is made; raises the first failure."""
-        while self._pending:
-            self._pending.popleft().result()
-
-    def stop(self) -> None:
-        """Make no send after the one on the wire, and wait for it (the task is failing)."""
-        self._failed = True
-        self._pool.shutdown(wait=True, cancel_futures=True)
-        self._pending.clear()
 
 
 class _Sender:
@@ -358,7 +317,6 @@ class _Sender:
         self._buffers: dict[tuple[str, int], list[pa.Table]] = {}
         self._buffered: dict[tuple[str, int], int] = {}
         self._total = 0
-        self._sends = _SendsInTurn()
 
     def add(self, topic: str, queue_id: int, table: pa.Table, size: int) -> None:
         """Buffer a queue's rows (in order; ``size`` bytes) and send them once ``maxBatchBytes``
@@ -373,10 +331,8 @@ class _Sender:
             self._flush(max(self._buffered, key=self._buffered.__getitem__))
 
     def flush_all(self) -> None:
-        """Send every queue's rows held back, and wait until all the task's sends are made."""
         for key in list(self._buffers):
             self._flush(key)
-        self._sends.wait()
 
     def _flush(self, key: tuple[str, int]) -> None:
         tables = self._buffers.pop(key)
@@ -386,7 +342,7 @@ class _Sender:
 
     def send(self, topic: str, queue_id: int, table: pa.Table, size: int) -> None:
         for chunk in _chunks(table, size, self.options.max_batch_bytes):
-            self._sends.submit(functools.partial(self._send_chunk, topic, queue_id, codec.encode_parts(chunk)))
+            self._send_chunk(topic, queue_id, codec.encode_parts(chunk))
             self.rows += chunk.num_rows
 
     def _send_chunk(self, topic: str, queue_id: int, payload: _Payload) -> None:
@@ -405,14 +361,13 @@ class _Sender:
         pass
 
     def drop_all(self) -> None:
-        """The task failed: no more sends (those made stay stored)."""
-        self._sends.stop()
+        pass
 
     def hold_for_commit(self) -> None:
         pass  # nothing waits for a commit
 
     def close(self) -> None:
-        self._sends.stop()
+        pass
 
 
 class _StagingSender(_Sender):
@@ -470,7 +425,6 @@ class _StagingSender(_Sender):
                                    [part for part in self._begun() if part.staged])
 
     def close(self) -> None:
-        super().close()
         self._keepalive.stop()
 
     def parts(self) -> tuple[tuple[str, str], ...]:
@@ -516,7 +470,6 @@ class _StagingSender(_Sender):
         abort_all(self.conn, self._abandoned + unused)
 
     def drop_all(self) -> None:
-        super().drop_all()  # first: a send still on its way could begin another part
         abort_all(self.conn, self._abandoned + [(group, part.txn_id) for group, part in sorted(self._parts.items())])
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import os
@@ -465,38 +464,3 @@ def test_routed_queues_carry_their_rows_in_order_and_their_size(broker, conn, to
         assert properties.null_count == table.num_rows and len(properties.keys) == 0
         stored_properties = codec.decode(codec.encode(table)).column("properties").combine_chunks()
         assert len(stored_properties.keys) == 0
-
-
-def test_a_tasks_sends_are_made_in_turn_and_none_after_one_that_failed():
-    """A task hands its sends to a thread that makes them in order while it routes its next rows;
-    after one fails no later one is made (a queue's later rows would follow a gap), and the task
-    gets that send's own error."""
-    from broker.wire.errors import BrokerUnavailableError
-    from connector.spark.writer import _SendsInTurn
-
-    def run(failing: int | None) -> tuple[list[int], Exception | None]:
-        made, sends, first_done = [], _SendsInTurn(), threading.Event()
-
-        def send(n: int) -> None:
-            if n == 0:
-                first_done.wait(10)  # slow: the task goes on meanwhile
-            if n == failing:
-                raise BrokerUnavailableError(f"send {n}: no answer")
-            made.append(n)
-
-        try:
-            for n in range(6):
-                sends.submit(functools.partial(send, n))
-                if n == 1:
-                    assert made == []  # two on their way, the task not held up
-                    first_done.set()
-            sends.wait()
-        except BrokerUnavailableError as exc:
-            return made, exc
-        finally:
-            sends.stop()
-        return made, None
-
-    assert run(None) == ([0, 1, 2, 3, 4, 5], None)
-    made, error = run(2)
-    assert made == [0, 1] and str(error).endswith("send 2: no answer")
