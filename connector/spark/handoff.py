@@ -20,6 +20,7 @@ Best effort by design: any failure is logged and the source's own lazy commit st
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from pathlib import Path
@@ -29,7 +30,8 @@ from connector.client.connection import BrokerConnection, pb
 from connector.client.locking import queues_by_topic
 from connector.client.routed import RoutedConnection
 from connector.spark.connections import shared_connection
-from connector.spark.metadata import by_group, each_concurrently, group_connection, queue_state
+from connector.spark.lost_tails import written_again
+from connector.spark.metadata import by_group, each_concurrently, group_connection
 from connector.spark.offsets import positions_of, read_at_of
 from connector.spark.security import ConnectionSecurity
 
@@ -96,39 +98,27 @@ def _advance_group(conn: BrokerConnection, group: str, client_id: str, positions
     done = 0
     for topic, ids in queues_by_topic(positions).items():
         looked = [queue_id for queue_id in ids if (topic, queue_id) in read_at]
-
-        def read(item: tuple[str, int | None], topic: str = topic):
-            what, queue_id = item
-            if what == "locks":
-                return conn.call("QueryLocks", pb.QueryLocksRequest(group=group, topic=topic)).locks
-            if what == "offset":
-                return conn.call("GetOffset", pb.GetOffsetRequest(group=group, topic=topic, queue_id=queue_id)).offset
-            return queue_state(conn, (topic, queue_id), timestamp=read_at[(topic, queue_id)] + 1)
-
-        locks, *answers = each_concurrently(
-            read, [("locks", None), *(("offset", q) for q in ids), *(("stored since", q) for q in looked)])
-        offsets = dict(zip(ids, answers[:len(ids)], strict=True))
-        ends = {queue_id: _end(topic, queue_id, positions[(topic, queue_id)], state)
-                for queue_id, state in zip(looked, answers[len(ids):], strict=True)}
-        epochs = {lock.queue_id: lock.epoch for lock in locks if lock.client_id == client_id}
-        requests = []
-        for queue_id in ids:
-            end = ends.get(queue_id, positions[(topic, queue_id)])
-            if queue_id in epochs and offsets[queue_id] < end:  # a queue lost: fencing decides
-                requests.append(pb.CommitOffsetRequest(group=group, topic=topic, queue_id=queue_id,
-                                                       client_id=client_id, offset=end, epoch=epochs[queue_id]))
+        calls = [functools.partial(conn.call, "QueryLocks", pb.QueryLocksRequest(group=group, topic=topic))]
+        calls += [functools.partial(conn.call, "GetOffset", pb.GetOffsetRequest(group=group, topic=topic,
+                                                                                queue_id=queue_id))
+                  for queue_id in ids]
+        calls += [functools.partial(written_again, conn, (topic, queue_id), positions[(topic, queue_id)],
+                                    read_at[(topic, queue_id)])
+                  for queue_id in looked]
+        locks, *answers = each_concurrently(lambda call: call(), calls)
+        offsets = {queue_id: answer.offset for queue_id, answer in zip(ids, answers[:len(ids)], strict=True)}
+        ends = {queue_id: positions[(topic, queue_id)] for queue_id in ids}
+        for queue_id, end in zip(looked, answers[len(ids):], strict=True):
+            if end < ends[queue_id]:
+                log.warning("queue %s/%d lost its tail after the query read up to offset %d: the group's offset "
+                            "moves to %d at most, where the log was written again", topic, queue_id,
+                            ends[queue_id], end)
+                ends[queue_id] = end
+        epochs = {lock.queue_id: lock.epoch for lock in locks.locks if lock.client_id == client_id}
+        requests = [pb.CommitOffsetRequest(group=group, topic=topic, queue_id=queue_id, client_id=client_id,
+                                           offset=ends[queue_id], epoch=epochs[queue_id])
+                    for queue_id in ids  # a queue lost: fencing decides
+                    if queue_id in epochs and offsets[queue_id] < ends[queue_id]]
         each_concurrently(lambda request: conn.call("CommitOffset", request), requests)
         done += len(requests)
     return done
-
-
-def _end(topic: str, queue_id: int, position: int, state: pb.QueryOffsetsResponse) -> int:
-    """How far the group may move: the batch's end, or, where the log lost its tail after the end
-    was read (messages below it stored since, or fewer stored), the first offset written again,
-    which the query has not read yet (``connector.spark.lost_tails``)."""
-    written_again = state.offset_for_timestamp  # the first stored after the read (the log's end if none)
-    if written_again >= position:
-        return position
-    log.warning("queue %s/%d lost its tail after the query read up to offset %d: the group's offset moves to %d "
-                "at most, where the log was written again", topic, queue_id, position, written_again)
-    return written_again

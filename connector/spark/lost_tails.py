@@ -22,7 +22,7 @@ from connector.client.pull_consumer import message_at
 from connector.spark import metadata
 from connector.spark.offsets import Positions, QueueRef, positions_of, read_at_of
 
-__all__ = ["LostTails", "stored_at"]
+__all__ = ["LostTails", "stored_at", "written_again"]
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ class LostTails:
             stored = stored_at(self._conn, ref, position - 1)
             if stored is None or stored <= read_at:  # the same message (or gone by retention: cannot tell)
                 return
-        cut = min(metadata.queue_state(self._conn, ref, timestamp=read_at + 1).offset_for_timestamp, position)
+        cut = written_again(self._conn, ref, position, read_at)
         since = stored_at(self._conn, ref, cut)
         found = (cut, state.now_ms if since is None else since)
         cuts = self._cuts.setdefault(ref, [])
@@ -81,6 +81,12 @@ class LostTails:
             "queue %s/%d lost its tail after this query read up to offset %d (the broker lost power with "
             "flush = \"async\", or the topic was deleted and created again): offsets from %d on hold messages stored "
             "since, and the query reads on from there", ref[0], ref[1], position, cut)
+
+
+def written_again(conn: BrokerConnection, ref: QueueRef, position: int, read_at: int) -> int:
+    """Where the log was written again below ``position``, read at ``read_at``: the first offset
+    stored since then (the log's end when none was), or ``position`` when none below it was."""
+    return min(metadata.queue_state(conn, ref, timestamp=read_at + 1).offset_for_timestamp, position)
 
 
 def stored_at(conn: BrokerConnection, ref: QueueRef, offset: int) -> int | None:
