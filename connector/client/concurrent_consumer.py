@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 
 from connector.client.listener import ConsumeConcurrentlyContext, ConsumeConcurrentlyStatus
-from connector.client.messages import PROPERTY_ORIGIN_TOPIC, PROPERTY_RETRY_AT, Message
+from connector.client.messages import PROPERTY_ORIGIN_TOPIC, PROPERTY_RETRY_AT, PROPERTY_RETRY_DELAY_MS, Message
 from connector.client.process_queue import ProcessQueue
 from connector.client.push_consumer import PushConsumer, dlq_topic, retry_topic
 
@@ -67,8 +67,23 @@ class ConcurrentConsumer(PushConsumer):
         now_ms = time.time() * 1000
         for start in range(0, len(messages), self.consume_batch_size):
             batch = messages[start : start + self.consume_batch_size]
-            due_ms = max((float(m.properties.get(PROPERTY_RETRY_AT, 0) or 0) for m in batch), default=0.0)
-            self._submit(pq, batch, max(0.0, (due_ms - now_ms) / 1000))
+            self._submit(pq, batch, max((self._wait_ms(m, now_ms) for m in batch), default=0.0) / 1000)
+
+    def _wait_ms(self, message: Message, now_ms: float) -> float:
+        """How long a message sent back waits before it is consumed again: until its ``RETRY_AT``,
+        a time on the clock of the process that sent it back, but never longer than the delay it
+        was sent back with (or, sent back by a version that did not record it, ``retry_delay_ms``),
+        so that a clock set back, or another machine's clock ahead of this one, cannot hold it for
+        longer."""
+        properties = message.properties
+        try:
+            due_ms = float(properties.get(PROPERTY_RETRY_AT) or 0)
+            longest = float(properties.get(PROPERTY_RETRY_DELAY_MS) or self.retry_delay_ms)
+        except ValueError:
+            log.warning("message %s/%d has a malformed %s or %s property; consuming it now", message.topic,
+                        message.queue_offset, PROPERTY_RETRY_AT, PROPERTY_RETRY_DELAY_MS)
+            return 0.0
+        return min(max(0.0, due_ms - now_ms), max(0.0, longest))
 
     def _submit(self, pq: ProcessQueue, batch: list[Message], delay: float = 0.0) -> None:
         if self._stop.is_set() or pq.dropped:
@@ -126,6 +141,7 @@ class ConcurrentConsumer(PushConsumer):
                 local.append(m)
             else:
                 nxt = dataclasses.replace(m, reconsume_times=m.reconsume_times + 1)
-                if not self._send_back(retry_topic(self.group), nxt, {PROPERTY_RETRY_AT: retry_at}):
+                if not self._send_back(retry_topic(self.group), nxt,
+                                       {PROPERTY_RETRY_AT: retry_at, PROPERTY_RETRY_DELAY_MS: str(delay_ms)}):
                     local.append(m)
         return local

@@ -18,6 +18,7 @@ __all__ = [
     "PROPERTY_ORIGIN_TOPIC",
     "PROPERTY_RECONSUME_TIMES",
     "PROPERTY_RETRY_AT",
+    "PROPERTY_RETRY_DELAY_MS",
     "Message",
     "MessageQueue",
     "PullResult",
@@ -30,7 +31,8 @@ PROPERTY_ORIGIN_TOPIC = "ORIGIN_TOPIC"
 PROPERTY_ORIGIN_QUEUE_ID = "ORIGIN_QUEUE_ID"
 PROPERTY_ORIGIN_OFFSET = "ORIGIN_OFFSET"
 PROPERTY_RECONSUME_TIMES = "RECONSUME_TIMES"
-PROPERTY_RETRY_AT = "RETRY_AT"
+PROPERTY_RETRY_AT = "RETRY_AT"  # when to consume it again: the sender's wall clock, in ms
+PROPERTY_RETRY_DELAY_MS = "RETRY_DELAY_MS"  # the delay it was sent back with: the most it waits
 
 
 @dataclass(frozen=True, order=True)

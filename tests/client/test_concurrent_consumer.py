@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 
 from connector.client import (
@@ -104,3 +105,33 @@ def test_dead_letter_queue_after_max_reconsume_times(broker, topic_name):
     assert dead.properties["ORIGIN_TOPIC"] == topic_name
     assert dead.properties["ORIGIN_OFFSET"] == "1"
     assert dead.properties["RECONSUME_TIMES"] == "2"
+
+
+def test_a_message_sent_back_by_a_clock_far_ahead_waits_no_longer_than_its_delay(broker, topic_name):
+    """``RETRY_AT`` is on the clock of the consumer that sent the message back: another machine's
+    clock an hour ahead of this one (or this one set back an hour) must not hold the message for
+    an hour. It waits at most the delay it was sent back with, or, sent back by a version that did
+    not record that delay, the consumer's ``retry_delay_ms``. One whose time is not a number is
+    consumed at once."""
+    consumed: list[bytes] = []
+
+    def listener(messages, context):
+        consumed.extend(m.body for m in messages)
+        return OK
+
+    an_hour_ahead = str(int(time.time() * 1000) + 3_600_000)
+    with Admin(broker.address) as admin, Producer(broker.address) as producer:
+        admin.create_topic(topic_name, 1)
+        admin.create_topic(retry_topic("cg"), 1)
+        sent_back = ((b"with its delay", {"RETRY_AT": an_hour_ahead, "RETRY_DELAY_MS": "50"}),
+                     (b"without", {"RETRY_AT": an_hour_ahead}), (b"malformed", {"RETRY_AT": "soon"}))
+        for body, retry in sent_back:
+            producer.send(retry_topic("cg"), body, key="k", queue_id=0,
+                          properties={"ORIGIN_TOPIC": topic_name, "RECONSUME_TIMES": "1", **retry})
+        producer.send(topic_name, b"fresh", key="k")
+        consumer = start(broker.address, topic_name, "cg", listener, "c")
+        try:
+            assert wait_until(lambda: len(consumed) == 4, timeout=30), consumed
+        finally:
+            consumer.shutdown()
+    assert sorted(consumed) == [b"fresh", b"malformed", b"with its delay", b"without"]
