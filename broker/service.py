@@ -93,18 +93,21 @@ class BrokerService:
         self.cluster = None
         self.send_port = 0  # the lean send port once served (broker.send_port), told by Health
         if not config.clustered:
-            self._offsets_within_logs()
+            self.offsets_within_logs()
             self.finish_interrupted_commits()
 
-    def _offsets_within_logs(self) -> None:
-        """Move committed offsets past the end of their queue's log back to that end.
+    def offsets_within_logs(self) -> bool:
+        """Move committed offsets past the end of their queue's log back to that end; whether any moved.
 
         A commit past the end is refused, so such an offset means the log lost its tail since (a
         power cut with ``flush = "async"``, or damage cut at recovery): the messages stored at
-        those offsets from now on are new ones, and the group would skip them. Not in a broker
-        group, where a slave's log may lag the offsets it was sent, and a new master's log holds
-        every message its sync-state set acknowledged.
+        those offsets from now on are new ones, and the group would skip them. A single broker does
+        this on start; in a broker group the master does it when promoted, once its log is the
+        group's (a slave's log may lag the offsets it was sent while it follows). There it finds
+        such offsets after the whole group lost its tails together, or, with ``replication =
+        "async"``, when the new master had not copied what the group consumed.
         """
+        moved = False
         for group in self.offsets.groups():
             for topic, queue_id, offset, client_id in self.offsets.group_positions(group):
                 try:
@@ -116,6 +119,8 @@ class BrokerService:
                                 "which lost its tail; moved back to %d, so that the group consumes the messages "
                                 "stored there from now on", group, offset, topic, queue_id, end, end)
                     self.offsets.commit(group, topic, queue_id, end, client_id)
+                    moved = True
+        return moved
 
     def finish_interrupted_commits(self) -> None:
         for txn_id in self.txns.committing():
