@@ -64,6 +64,7 @@ SINK_OPTIONS = (
     "exactlyOnce",
     "maxBatchBytes",
     "transactionTimeoutMs",
+    "requestTimeoutMs",
     *SECURITY_OPTIONS,
 )
 # Options Spark itself may pass along with the user's; never an error.
@@ -71,6 +72,7 @@ _SPARK_OPTIONS = frozenset({"path", "checkpointlocation", "queryname"})
 
 DEFAULT_LOCK_TIMEOUT_MS = 65_000  # a little over the broker's default lease: a crashed holder expires meanwhile
 DEFAULT_POLL_TIMEOUT_MS = 30_000
+DEFAULT_REQUEST_TIMEOUT_MS = 30_000  # the sink's pollTimeoutMs
 DEFAULT_MAX_BATCH_BYTES = 4 * 1024 * 1024
 # How long a task's staged rows wait for the driver's commit: a batch's first tasks wait for its
 # last, which in a long backfill may be hours later.
@@ -370,13 +372,14 @@ class SinkOptions:
     exactly_once: bool = True
     max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES
     transaction_timeout_ms: int = DEFAULT_COMMIT_WAIT_MS
+    request_timeout_ms: int = DEFAULT_REQUEST_TIMEOUT_MS
     security: ConnectionSecurity = field(default_factory=ConnectionSecurity)
 
     def connect(self) -> RoutedConnection:
         """This process's connection to the broker or cluster (each queue's sends go to its group's
         master), shared by the sink's tasks and commits (``connector.spark.connections``): never
-        closed by its users."""
-        return shared_connection(self.brokers, self.security)
+        closed by its users. Calls, and retries while a broker is down, last up to ``requestTimeoutMs``."""
+        return shared_connection(self.brokers, self.security, timeout=self.request_timeout_ms / 1000)
 
     @classmethod
     def from_options(cls, mapping: Mapping[str, Any]) -> SinkOptions:
@@ -406,5 +409,6 @@ class SinkOptions:
             max_batch_bytes=opts.integer("maxBatchBytes", DEFAULT_MAX_BATCH_BYTES, minimum=1024, unit=" bytes"),
             transaction_timeout_ms=opts.integer("transactionTimeoutMs", DEFAULT_COMMIT_WAIT_MS, minimum=0,
                                                 maximum=2**31 - 1, unit=" (ms)"),
+            request_timeout_ms=opts.integer("requestTimeoutMs", DEFAULT_REQUEST_TIMEOUT_MS, minimum=1, unit=" (ms)"),
             security=ConnectionSecurity.from_options(opts.get),
         )

@@ -107,6 +107,8 @@ def test_options_are_frozen():
         ({"brokers": "h:1", "propertiesColumns": "a,,b"}, "empty column name"),
         ({"brokers": "h:1", "transactionTimeoutMs": "3000000000"},
          r"option 'transactionTimeoutMs' must be at most 2147483647 \(ms\), got 3000000000"),
+        ({"brokers": "h:1", "requestTimeoutMs": "0"}, r"option 'requestTimeoutMs' must be at least 1 \(ms\), got 0"),
+        ({"brokers": "h:1", "requestTimeoutMs": "3s"}, r"option 'requestTimeoutMs' must be an integer \(ms\)"),
     ],
 )
 def test_bad_sink_options(options, message):
@@ -118,6 +120,9 @@ def test_sink_defaults_and_spark_options_ignored():
     opts = SinkOptions.from_options({"brokers": "h:1", "topic": "t", "checkpointLocation": "/tmp/x", "path": "p"})
     assert opts.exactly_once and opts.body_column == "body" and opts.sharding_key is None
     assert opts.transaction_timeout_ms == 24 * 3600 * 1000  # a batch's first tasks wait for its last
+    assert opts.request_timeout_ms == 30_000 and opts.connect().timeout == 30.0
+    quick = SinkOptions.from_options({"brokers": "h:1", "requestTimeoutMs": "2500"})
+    assert quick.connect().timeout == quick.connect().retry_timeout == 2.5
 
 
 def test_offsets_json_is_canonical_and_round_trips():

@@ -268,6 +268,7 @@ def test_broker_frozen_past_poll_timeout_fails_with_the_cause(ospark, restartabl
     freeze = F.udf(_freezing(proc.pid, str(tmp_path / "frozen")), "binary")
     query = (df.select("key", freeze("key", "body").alias("body")).writeStream.format("orderlymq")
              .option("brokers", proc.address).option("topic", f"{topic_name}-out").option("shardingKey", "key")
+             .option("requestTimeoutMs", "3000")
              .option("checkpointLocation", str(tmp_path / "ck")).trigger(processingTime="100 milliseconds").start())
     try:
         assert wait_until(lambda: sum(committed(conn, "z5", topic_name).values()) == 40 or query.exception(), 120)
@@ -283,6 +284,27 @@ def test_broker_frozen_past_poll_timeout_fails_with_the_cause(ospark, restartabl
     assert (tmp_path / "frozen").exists()
     reasons = failure_reasons(query)
     assert any("BrokerUnavailableError" in r and proc.address in r for r in reasons), reasons
+
+
+def test_a_frozen_broker_fails_the_sinks_write_naming_its_timeout_option(ospark, restartable, topic_name, tmp_path):
+    """The sink's calls wait ``requestTimeoutMs`` for a broker's answer; a write whose broker froze
+    fails after it, with an error that names the broker and the option."""
+    from pyspark.sql import functions as F
+
+    proc, conn = restartable
+    create_topic(conn, topic_name, 2)
+    freeze = F.udf(_freezing(proc.pid, str(tmp_path / "frozen")), "binary")
+    rows = ospark.createDataFrame([("freeze", b"0"), ("k", b"1")], "key string, body binary").coalesce(1)
+    try:
+        with pytest.raises(Exception) as failed:  # noqa: PT011 - Spark wraps the task's error in its own
+            (rows.select("key", freeze("key", "body").alias("body")).write.format("orderlymq")
+             .option("brokers", proc.address).option("topic", topic_name).option("shardingKey", "key")
+             .option("requestTimeoutMs", "2000").mode("append").save())
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+    assert (tmp_path / "frozen").exists()
+    assert "BrokerUnavailableError" in str(failed.value) and proc.address in str(failed.value), failed.value
+    assert "requestTimeoutMs=2000" in str(failed.value), failed.value
 
 
 def _freezing(pid: int, marker: str):
