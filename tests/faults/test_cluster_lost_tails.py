@@ -12,12 +12,10 @@ import sqlite3
 from pathlib import Path
 
 from broker.launcher import BrokerProcess
-from connector.client import OrderlyConsumer
 from connector.client.connection import BrokerConnection, pb
-from connector.client.listener import ConsumeOrderlyStatus
-from tests.client.helpers import FAST
+from connector.history import History
 from tests.faults.disk import records, segments, truncate
-from tests.faults.workload import body, parse_body
+from tests.faults.workload import body, shutdown_all, start_orderly_group
 from tests.support import send_rows, wait_until
 
 TOPIC, GROUP = "ledger", "g"
@@ -56,22 +54,17 @@ def test_an_offset_past_the_tail_the_whole_group_lost_moves_back_when_a_master_i
         broker.start()
     master = group.wait_for_master()
     assert f"its committed offset 10 of {TOPIC}/0 is past the end of the queue's log (7)" in master.log_text()
-    delivered: list[tuple[str, int]] = []
-
-    def listener(messages, context):
-        delivered.extend(parse_body(m.body) for m in messages)
-        return ConsumeOrderlyStatus.SUCCESS
-
+    history = History()  # of the messages sent after the cut: the group must get each, once, in order
     with BrokerConnection(group.addresses, retry_timeout=30) as conn:
         assert conn.call("GetOffset", pb.GetOffsetRequest(group=GROUP, topic=TOPIC, queue_id=0)).offset == 7
         for seq in range(5):
             send_rows(conn, TOPIC, 0, [{"key": "b", "body": body("b", seq)}])  # stored at offsets 7..11
-        consumer = OrderlyConsumer(group.addresses, GROUP, listener, **FAST)
-        consumer.subscribe(TOPIC)
-        consumer.start()
-        try:
-            assert wait_until(lambda: len(delivered) >= 5, 30), delivered
-        finally:
-            consumer.shutdown()
-        assert delivered == [("b", seq) for seq in range(5)]
-        assert wait_until(lambda: all(committed(b) == 12 for b in group.brokers)), "the slave follows the master"
+            history.sent("b", seq, acked=True)
+    consumers = start_orderly_group(group.addresses, TOPIC, GROUP, 1, history)
+    try:
+        assert wait_until(history.delivered_all_acked, 30), history.check()
+    finally:
+        shutdown_all(consumers)
+    verdict = history.check()  # a message below offset 7 ("a", ...) would be unexpected
+    assert verdict.ok, str(verdict)
+    assert wait_until(lambda: all(committed(b) == 12 for b in group.brokers)), "the slave follows the master"
