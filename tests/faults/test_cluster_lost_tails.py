@@ -40,7 +40,8 @@ def cut_at(broker: BrokerProcess, offset: int) -> None:
     truncate(record, keep=1)
 
 
-def test_an_offset_past_the_tail_the_whole_group_lost_moves_back_when_a_master_is_elected(broker_group):
+def test_an_offset_past_the_tail_the_whole_group_lost_moves_back_when_a_master_is_elected(broker_group,
+                                                                                         fault_report):
     group = broker_group(2, flush="async")
     with BrokerConnection(group.addresses, retry_timeout=30) as conn:
         conn.call("CreateTopic", pb.CreateTopicRequest(topic=TOPIC, queue_count=1))
@@ -66,5 +67,7 @@ def test_an_offset_past_the_tail_the_whole_group_lost_moves_back_when_a_master_i
     finally:
         shutdown_all(consumers)
     verdict = history.check()  # a message below offset 7 ("a", ...) would be unexpected
+    fault_report("cluster: a tail the whole group lost, below a committed offset", {"consumed after the cut": verdict},
+                 committed_before=10, log_end_after=7)
     assert verdict.ok, str(verdict)
     assert wait_until(lambda: all(committed(b) == 12 for b in group.brokers)), "the slave follows the master"
