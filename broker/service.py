@@ -96,8 +96,9 @@ class BrokerService:
             self.offsets_within_logs()
             self.finish_interrupted_commits()
 
-    def offsets_within_logs(self) -> bool:
-        """Move committed offsets past the end of their queue's log back to that end; whether any moved.
+    def offsets_within_logs(self) -> None:
+        """Move committed offsets past the end of their queue's log back to that end (in a broker
+        group, the slaves copy the moves as any commit).
 
         A commit past the end is refused, so such an offset means the log lost its tail since (a
         power cut with ``flush = "async"``, or damage cut at recovery): the messages stored at
@@ -107,7 +108,6 @@ class BrokerService:
         such offsets after the whole group lost its tails together, or, with ``replication =
         "async"``, when the new master had not copied what the group consumed.
         """
-        moved = False
         for group in self.offsets.groups():
             for topic, queue_id, offset, client_id in self.offsets.group_positions(group):
                 try:
@@ -119,8 +119,7 @@ class BrokerService:
                                 "which lost its tail; moved back to %d, so that the group consumes the messages "
                                 "stored there from now on", group, offset, topic, queue_id, end, end)
                     self.offsets.commit(group, topic, queue_id, end, client_id)
-                    moved = True
-        return moved
+                    self._changed(offsets=True)
 
     def finish_interrupted_commits(self) -> None:
         for txn_id in self.txns.committing():

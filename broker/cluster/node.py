@@ -350,8 +350,7 @@ class ClusterNode:
         self.epoch, self._state = state.epoch, state
         self.master_address = self.address
         self.source.activate(state, starts)
-        if self.service.offsets_within_logs():  # the group's log now: offsets past its ends move back
-            self.source.changed(offsets=True)
+        self.service.offsets_within_logs()  # the group's log now: offsets past its ends move back
         self.topics.keep(force=True)  # before serving: which queues are this group's
         self.role = Role.MASTER
         # Off this thread: with sync replication the commits wait for slaves, whom this thread admits.

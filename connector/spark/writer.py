@@ -124,14 +124,13 @@ class _OrderlyMQWriterMixin:
             sender.drop_abandoned()
             sender.hold_for_commit()
             return SinkCommitMessage(query_id, batch_id, partition, sender.parts(), sender.rows)
-        except BrokerUnavailableError as exc:
+        except BaseException as exc:
             sender.drop_all()
-            raise type(exc)(
-                f"{exc}. The sink waits up to requestTimeoutMs={self.options.request_timeout_ms} ms for a broker's "
-                "answer, retrying while it is unreachable: raise the option to ride out longer outages"
-            ) from None
-        except BaseException:
-            sender.drop_all()
+            if isinstance(exc, BrokerUnavailableError):
+                raise type(exc)(
+                    f"{exc}. The sink waits up to requestTimeoutMs={self.options.request_timeout_ms} ms for a "
+                    "broker's answer, retrying while it is unreachable: raise the option to ride out longer outages"
+                ) from None
             raise
         finally:
             sender.close()
