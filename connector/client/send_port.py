@@ -6,6 +6,9 @@ learned from ``Health`` (0: the broker serves none: TLS, access control or a bro
 again a while after it was missing or failed. Each round trip runs on the caller's thread over a
 connection of a small pool, so concurrent callers do not wait for each other.
 
+A round trip may poll the connection for its answer for a moment before it sleeps in ``recv``
+(``connector.client.busy_poll``).
+
 A failure says whether the request may have reached the broker (``SendPortFailure.written``): the
 sender then resends it over gRPC with the same producer id and sequence, stored at most once.
 
@@ -28,6 +31,7 @@ from broker.proto import orderlymq_pb2 as pb
 from broker.wire.errors import BrokerUnavailableError
 from broker.wire.frames import LENGTH
 from broker.wire.send_request import EncodedSend, serialize_send
+from connector.client.busy_poll import BusyPoll
 from connector.client.connection import BrokerConnection
 from connector.client.lean_port import (
     WrongVersionError,
@@ -63,7 +67,8 @@ class SendPortFailure(Exception):
 class _Link:
     """One connection; answers come in request order."""
 
-    def __init__(self, host: str, port: int, timeout: float) -> None:
+    def __init__(self, host: str, port: int, timeout: float, busy_poll: BusyPoll | None = None) -> None:
+        self.busy_poll = busy_poll or BusyPoll(0)
         self.sock = open_lean(host, port, timeout)
         self._buffer = bytearray(_ANSWER_BUFFER_BYTES)
         try:
@@ -97,7 +102,8 @@ class _Link:
 
     def _answer(self) -> bytes:
         """The next answer: one is outstanding at most, so what arrives is never part of the next."""
-        buffer, got = self._buffer, 0
+        buffer = self._buffer
+        got = self.busy_poll.read(self.sock, buffer)
         while got < LENGTH.size:
             got += self._receive(buffer, got)
         end = LENGTH.size + LENGTH.unpack_from(buffer)[0]
@@ -125,10 +131,12 @@ class _Link:
 
 
 class SendPortClient:
-    """Round trips to the send port of ``connection``'s current broker; thread-safe."""
+    """Round trips to the send port of ``connection``'s current broker, each polling for its answer
+    for up to ``busy_poll_us`` (``BusyPoll``); thread-safe."""
 
-    def __init__(self, connection: BrokerConnection) -> None:
+    def __init__(self, connection: BrokerConnection, busy_poll_us: float = 0) -> None:
         self._conn = connection
+        self._poll = BusyPoll(busy_poll_us)
         self._lock = threading.Lock()
         self._idle: list[_Link] = []
         self._address = ""  # the broker the port and the idle links belong to
@@ -177,7 +185,7 @@ class SendPortClient:
             host, port = self._address.rpartition(":")[0], self._port
         if link is None:
             try:
-                link = _Link(host, port, max(deadline - time.monotonic(), 0.001))
+                link = _Link(host, port, max(deadline - time.monotonic(), 0.001), self._poll)
             except OSError as exc:
                 self.failed()
                 raise SendPortFailure(f"cannot reach the send port {host}:{port}: {exc}", written=False) from None

@@ -55,6 +55,7 @@ from broker.wire.errors import (
 from broker.wire.message_rows import encode_rows
 from broker.wire.one_message import encode_one
 from broker.wire.send_request import EncodedSend, encode_send_request
+from connector.client.busy_poll import SENDING
 from connector.client.connection import BrokerConnection, pb
 from connector.client.messages import SendResult
 from connector.client.send_future import SendFuture
@@ -172,6 +173,7 @@ class PipelinedSender:
         max_in_flight_per_queue: int = 4,
         max_buffered_messages: int = 100_000,
         delivery_timeout: float = 30.0,
+        busy_poll_us: float = 0,
         on_rejected: Callable[[str, OrderlyMQError], None] = lambda topic, error: None,
     ) -> None:
         self._conn = connection
@@ -199,7 +201,7 @@ class PipelinedSender:
         self._closed = False
         self._inbox: deque[tuple] = deque()  # (topic, queue id, row, future, deadline, time) of submit_one
         self._idle = False  # the dispatcher waits with nothing buffered: an inbox message must wake it
-        self._send_port = SendPortClient(connection)
+        self._send_port = SendPortClient(connection, busy_poll_us)  # send_direct's round trips poll
         self._dispatcher = threading.Thread(target=self._dispatch_loop, name="orderlymq-send-dispatch", daemon=True)
         self._streamer = threading.Thread(target=self._stream_loop, name="orderlymq-send-stream", daemon=True)
         self._watchdog = threading.Thread(target=self._watch_loop, name="orderlymq-send-watchdog", daemon=True)
@@ -344,6 +346,10 @@ class PipelinedSender:
         """
         if not self._send_port.ready():
             return None
+        with SENDING:
+            return self._send_direct(topic, queue_id, row, deadline)
+
+    def _send_direct(self, topic: str, queue_id: int, row: dict, deadline: float) -> SendResult | Future | None:
         key = (topic, queue_id)
         with self._cond:
             if self._closed:

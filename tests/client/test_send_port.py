@@ -19,6 +19,7 @@ from broker.wire.errors import OrderlyMQError
 from broker.wire.one_message import encode_one
 from broker.wire.tls import TlsOptions
 from connector.client import Admin, Producer
+from connector.client.busy_poll import BusyPoll, SpareCpu
 from connector.client.connection import BrokerConnection
 from connector.client.send_port import SendPortClient
 from connector.errors import SendOutcomeUnknownError
@@ -229,10 +230,11 @@ def test_a_sync_send_cut_off_by_a_freeze_is_unknown_then_settled_once(tmp_path, 
         proc.kill9()
 
 
-@pytest.mark.parametrize("timeout", [0.3, 1.5])
-def test_a_round_trip_to_a_frozen_broker_ends_at_its_timeout(tmp_path, topic_name, timeout):
+@pytest.mark.parametrize(("timeout", "busy_poll_us"), [(0.3, 0), (1.5, 0), (0.3, 500)])
+def test_a_round_trip_to_a_frozen_broker_ends_at_its_timeout(tmp_path, topic_name, timeout, busy_poll_us):
     """The link's waits are the kernel's (a blocking socket with SO_RCVTIMEO): an answer that does
-    not come ends the round trip with a TimeoutError, not a hang, whether under a second or over."""
+    not come ends the round trip with a TimeoutError, not a hang, whether under a second or over,
+    and whether the link first polls for the answer or not."""
     from connector.client.send_port import _Link
 
     proc = BrokerProcess(tmp_path / "data").start()
@@ -240,7 +242,7 @@ def test_a_round_trip_to_a_frozen_broker_ends_at_its_timeout(tmp_path, topic_nam
         Admin(proc.address).create_topic(topic_name, 1)
         with BrokerConnection(proc.address) as conn:
             host, port = SendPortClient(conn).address()
-        link = _Link(host, port, 10.0)
+        link = _Link(host, port, 10.0, BusyPoll(busy_poll_us))
         request = pb.SendRequest(topic=topic_name, queue_id=0, batch=encode_one({"key": "k", "body": body("k", 0)}))
         assert pb.SendResponse.FromString(link.round_trip([request.SerializeToString()], 10.0)).base_offset == 0
         _freeze(proc.pid)
@@ -301,6 +303,69 @@ def test_pipelined_batches_cut_off_by_a_restart_are_stored_once_in_order(tmp_pat
         assert verdict.ok and verdict.deliveries == 20 * 301, verdict
     finally:
         proc.kill9()
+
+
+def test_sync_sends_read_their_answers_while_polling_and_keep_each_keys_order(tmp_path, topic_name):
+    """Against a broker process, answers are read while the sender polls for them (a limit long
+    enough that none is missed but on a stalled machine; the machine taken to have a CPU to spare,
+    whatever else runs beside the test), and what each key sent is stored complete and in order;
+    a producer that never polls sends the same way."""
+    history = History()
+    with BrokerProcess(tmp_path / "data") as proc:
+        Admin(proc.address).create_topic(topic_name, 4)
+        for busy_poll_us, first in ((200_000, 0), (0, 100)):
+            with Producer(proc.address, busy_poll_us=busy_poll_us) as producer:
+                if busy_poll_us:  # before the first send makes the port's first connection
+                    producer._senders[""]._send_port._poll = BusyPoll(busy_poll_us, cpu_to_spare=lambda: True)
+                for seq in range(first, first + 100):
+                    for key in ("a", "b", "c"):
+                        producer.send(topic_name, body(key, seq), key=key)
+                        history.sent(key, seq, acked=True)
+                poll = producer._senders[""]._send_port._poll
+                if busy_poll_us:
+                    assert poll.polls == 300 and poll.answered > 250, (poll.polls, poll.answered)
+                else:
+                    assert poll.polls == 0
+        verdict = _verdict(proc.address, topic_name, history)
+    assert verdict.ok and verdict.deliveries == 3 * 200, verdict
+
+
+def test_polls_that_keep_missing_give_way_to_a_probe_now_and_then():
+    """No answer within the limit: the caller sleeps in ``recv`` instead. After four such misses in a
+    row only one round trip in sixteen polls, and one that reads an answer makes polling usual again."""
+    import socket
+
+    poll = BusyPoll(1000, cpu_to_spare=lambda: True)
+    left, right = socket.socketpair()
+    with left, right:
+        buffer = bytearray(64)
+        assert [poll.read(left, buffer) for _ in range(4)] == [0] * 4 and poll.polls == 4
+        assert [poll.read(left, buffer) for _ in range(32)] == [0] * 32
+        assert poll.polls == 4 + 2, "a probe in every 16 round trips once polls keep missing"
+        right.sendall(b"answer")
+        while poll.read(left, buffer) == 0:  # the next probe reads it
+            pass
+        assert bytes(buffer[:6]) == b"answer" and poll.answered == 1
+        polls = poll.polls
+        poll.read(left, buffer)
+        assert poll.polls == polls + 1, "an answer read while polling: polling is usual again"
+        right.close()
+        with pytest.raises(ConnectionError, match="closed"):
+            poll.read(left, buffer)
+
+
+def test_polls_stop_while_the_machine_runs_more_threads_than_it_has_cpus_but_not_for_a_moment():
+    spare = SpareCpu(cpus=2)
+    assert all([spare.look(2) for _ in range(20)]), "the poller and the broker: two threads on two CPUs"
+    assert spare.look(5), "a moment's extra threads"
+    assert [spare.look(3) for _ in range(10)][-1] is False, "three threads for a while: no CPU to spare"
+    assert [spare.look(2) for _ in range(10)][-1] is True
+    assert BusyPoll(1000, cpu_to_spare=lambda: False).read(None, bytearray(8)) == 0
+
+
+def test_a_negative_busy_poll_is_refused_by_name():
+    with pytest.raises(ValueError, match="busy_poll_us must be 0"):
+        Producer("127.0.0.1:1", busy_poll_us=-1)
 
 
 def test_write_parts_sends_more_parts_than_one_sendmsg_takes():
