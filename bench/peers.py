@@ -7,7 +7,10 @@ Redis: 8 stream keys; NATS: 8 subjects of one stream), a message's stream chosen
 - **batched produce**: messages sent in batches of 10,000 (a Redis pipeline, 1,000 JetStream
   publishes in flight, ``Producer.send_batch``), each acknowledged;
 - **synchronous send**: one thread sends one message and waits for its acknowledgement, again
-  and again (the ordered-message pattern: one synchronous send per event);
+  and again (the ordered-message pattern: one synchronous send per event). The systems take turns
+  (``SYNC_ROUNDS`` short runs each, all servers up), so a machine that slows down during the run
+  (as shared machines do from hour to hour) slows them alike; what orderlymq stored is read back
+  and judged like a consume;
 - **ordered consume**: every message of the batched run read back, stream by stream.
 
 What was consumed is judged with ``connector.history`` (per key: nothing lost, duplicated or out
@@ -20,6 +23,7 @@ with a note.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import socket
 import subprocess
@@ -39,12 +43,27 @@ BODY_BYTES = 100
 STREAMS = 8
 BATCH = 10_000
 KEYS = 1000
+SYNC_ROUNDS = 5  # turns each system takes at synchronous sends
 
 
 @dataclass(frozen=True)
 class Sizes:
     messages: int  # batched produce, then consumed back
-    sync_seconds: float
+    sync_seconds: float  # per system, over its SYNC_ROUNDS turns
+
+
+@dataclass
+class _Peer:
+    """A running system: its batched and consume workloads (each returns msgs/s) and ``sync(seconds,
+    first)``, which sends messages ``first``, ``first + 1``... one at a time for ``seconds`` and
+    returns how many; ``check_sync(count)`` judges what those sends stored, where it is read back."""
+
+    batched: Callable[[], float]
+    consume: Callable[[], float]
+    sync: Callable[[float, int], int]
+    check_sync: Callable[[int], None] = lambda count: None
+    sync_sent: int = 0
+    sync_seconds: float = 0.0
 
 
 def _message(i: int) -> tuple[str, int, bytes]:
@@ -128,12 +147,15 @@ def _consumed_ok(what: str, expected: dict[str, int], delivered: list[tuple[str,
 # -- orderlymq -----------------------------------------------------------------------------------
 
 
-def _orderlymq(workdir: Path, sizes: Sizes) -> dict[str, float]:
+@contextmanager
+def _orderlymq(workdir: Path, sizes: Sizes) -> Iterator[_Peer]:
     from broker.launcher import BrokerProcess
     from connector.client import Admin, Producer, PullConsumer
 
     with BrokerProcess(workdir / "peer-orderlymq", "--flush", "async", "--log-level", "WARNING") as broker:
-        Admin(broker.address).create_topic("bench", STREAMS)
+        admin = Admin(broker.address)
+        admin.create_topic("bench", STREAMS)
+        admin.create_topic("sync", STREAMS)
         with Producer(broker.address) as producer:
 
             def batched() -> int:
@@ -142,39 +164,38 @@ def _orderlymq(workdir: Path, sizes: Sizes) -> dict[str, float]:
                     producer.send_batch("bench", [{"key": key, "body": body} for key, _, body in chunk])
                 return sizes.messages
 
-            produce_rate = _timed(batched)
-
-            def consume() -> int:
+            def read_back(topic: str) -> list[tuple[str, int]]:
                 delivered = []
                 with PullConsumer(broker.address) as consumer:
                     for q in range(STREAMS):
                         offset = 0
                         while True:
-                            result = consumer.pull("bench", q, offset, max_messages=100_000, wait_ms=0)
+                            result = consumer.pull(topic, q, offset, max_messages=100_000, wait_ms=0)
                             delivered += [_parsed(m.body) for m in result.messages]
                             offset = result.next_offset
                             if not result.messages:
                                 break
+                return delivered
+
+            def consume() -> int:
+                delivered = read_back("bench")
                 _consumed_ok("orderlymq consume", _expected(sizes.messages), delivered)
                 return len(delivered)
 
-            consume_rate = _timed(consume)
-            sync_rate = _sync_loop(sizes.sync_seconds, lambda key, body: producer.send("sync", body, key=key),
-                                   setup=lambda: Admin(broker.address).create_topic("sync", STREAMS))
-    return {"batched produce": produce_rate, "synchronous send": sync_rate, "ordered consume": consume_rate}
+            yield _Peer(lambda: _timed(batched), lambda: _timed(consume),
+                        lambda seconds, first: _sync_loop(seconds, first, lambda key, body: producer.send(
+                            "sync", body, key=key)),
+                        lambda count: _consumed_ok("orderlymq synchronous sends", _expected(count), read_back("sync")))
 
 
-def _sync_loop(seconds: float, send: Callable[[str, bytes], object], setup: Callable[[], object]) -> float:
-    """One thread: send, wait for the ack, repeat, for ``seconds``; sends per second."""
-    setup()
-    send(*_message(0)[::2])  # warm the path before timing it
-    count, t0 = 0, time.perf_counter()
-    deadline = t0 + seconds
+def _sync_loop(seconds: float, first: int, send: Callable[[str, bytes], object]) -> int:
+    """One thread: send message ``first`` and on, each waiting for its ack, for ``seconds``; how many."""
+    count, deadline = 0, time.perf_counter() + seconds
     while time.perf_counter() < deadline:
-        key, _, body = _message(count)
+        key, _, body = _message(first + count)
         send(key, body)
         count += 1
-    return count / (time.perf_counter() - t0)
+    return count
 
 
 # -- Redis Streams -------------------------------------------------------------------------------
@@ -185,15 +206,15 @@ def _redis_binary() -> str | None:
     return found if Path(found).exists() else None
 
 
-def _redis(workdir: Path, sizes: Sizes) -> dict[str, float]:
+@contextmanager
+def _redis(workdir: Path, sizes: Sizes) -> Iterator[_Peer]:
     import redis
 
     port, data = _free_port(), workdir / "peer-redis"
     data.mkdir(parents=True, exist_ok=True)
     cmd = [_redis_binary(), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data), "--save", "",
            "--appendonly", "yes", "--appendfsync", "everysec"]
-    with _server(cmd, port, workdir / "redis.log"):
-        client = redis.Redis(host="127.0.0.1", port=port)
+    with _server(cmd, port, workdir / "redis.log"), contextlib.closing(redis.Redis(host="127.0.0.1", port=port)) as client:
 
         def batched() -> int:
             for start in range(0, sizes.messages, BATCH):
@@ -218,12 +239,9 @@ def _redis(workdir: Path, sizes: Sizes) -> dict[str, float]:
             _consumed_ok("Redis consume", _expected(sizes.messages), delivered)
             return len(delivered)
 
-        rates = {"batched produce": _timed(batched), "ordered consume": _timed(consume)}
-        rates["synchronous send"] = _sync_loop(
-            sizes.sync_seconds, lambda key, body: client.xadd(f"sync-{_stream_of(key)}", {"k": key, "b": body}),
-            setup=lambda: None)
-        client.close()
-    return rates
+        yield _Peer(lambda: _timed(batched), lambda: _timed(consume),
+                    lambda seconds, first: _sync_loop(seconds, first, lambda key, body: client.xadd(
+                        f"sync-{_stream_of(key)}", {"k": key, "b": body})))
 
 
 # -- NATS JetStream ------------------------------------------------------------------------------
@@ -234,14 +252,20 @@ def _nats_binary() -> str | None:
     return found if Path(found).exists() else None
 
 
-def _nats(workdir: Path, sizes: Sizes) -> dict[str, float]:
+@contextmanager
+def _nats(workdir: Path, sizes: Sizes) -> Iterator[_Peer]:
     port, data = _free_port(), workdir / "peer-nats"
     cmd = [_nats_binary(), "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(data)]
-    with _server(cmd, port, workdir / "nats.log"):
-        return asyncio.run(_nats_workloads(port, sizes))
+    with _server(cmd, port, workdir / "nats.log"), contextlib.closing(asyncio.new_event_loop()) as loop:
+        peer, client = loop.run_until_complete(_nats_peer(port, sizes, loop))
+        try:
+            yield peer
+        finally:
+            loop.run_until_complete(client.close())
 
 
-async def _nats_workloads(port: int, sizes: Sizes) -> dict[str, float]:
+async def _nats_peer(port: int, sizes: Sizes, loop: asyncio.AbstractEventLoop):
+    """NATS's workloads, each run to its end on ``loop`` (its client is asyncio's), and the client."""
     import nats
     from nats.js.api import AckPolicy, ConsumerConfig
 
@@ -250,13 +274,14 @@ async def _nats_workloads(port: int, sizes: Sizes) -> dict[str, float]:
     await js.add_stream(name="bench", subjects=["bench.*"])
     await js.add_stream(name="sync", subjects=["sync.*"])
 
-    async def batched() -> None:
+    async def batched() -> int:
         window = 1000
         for start in range(0, sizes.messages, window):
             await asyncio.gather(*[
                 js.publish(f"bench.{_stream_of(key)}", body)
                 for key, _, body in map(_message, range(start, min(start + window, sizes.messages)))
             ])
+        return sizes.messages
 
     async def consume() -> int:
         delivered = []
@@ -272,25 +297,17 @@ async def _nats_workloads(port: int, sizes: Sizes) -> dict[str, float]:
         _consumed_ok("NATS consume", _expected(sizes.messages), delivered)
         return len(delivered)
 
-    async def sync_sends() -> float:
-        await js.publish("sync.0", b"warm-up")
-        count, t0 = 0, time.perf_counter()
-        deadline = t0 + sizes.sync_seconds
+    async def sync(seconds: float, first: int) -> int:  # _sync_loop, awaiting each publish's ack
+        count, deadline = 0, time.perf_counter() + seconds
         while time.perf_counter() < deadline:
-            key, _, body = _message(count)
+            key, _, body = _message(first + count)
             await js.publish(f"sync.{_stream_of(key)}", body)
             count += 1
-        return count / (time.perf_counter() - t0)
+        return count
 
-    t0 = time.perf_counter()
-    await batched()
-    produce_rate = sizes.messages / (time.perf_counter() - t0)
-    t0 = time.perf_counter()
-    consumed = await consume()
-    consume_rate = consumed / (time.perf_counter() - t0)
-    sync_rate = await sync_sends()
-    await nc.close()
-    return {"batched produce": produce_rate, "synchronous send": sync_rate, "ordered consume": consume_rate}
+    return _Peer(lambda: _timed(lambda: loop.run_until_complete(batched())),
+                 lambda: _timed(lambda: loop.run_until_complete(consume())),
+                 lambda seconds, first: loop.run_until_complete(sync(seconds, first))), nc
 
 
 # -- the table -----------------------------------------------------------------------------------
@@ -301,14 +318,35 @@ _PEERS = {"Redis Streams": (_redis_binary, _redis), "NATS JetStream": (_nats_bin
 def run(workdir: Path, quick: bool) -> list[Row]:
     """Each workload: orderlymq's figure against each installed peer's (ratio = ours / theirs)."""
     sizes = Sizes(messages=100_000, sync_seconds=2.0) if quick else Sizes(messages=1_000_000, sync_seconds=10.0)
-    ours = _orderlymq(workdir, sizes)
-    rows = []
-    for peer, (binary, measure) in _PEERS.items():
+    peers = {}
+    for peer, (binary, start) in _PEERS.items():
         if binary() is None:
             print(f"  {peer}: not installed (pip install 'orderlymq[bench]'); left out", flush=True)
-            continue
-        theirs = measure(workdir, sizes)
-        rows += [Row(f"peers: {name}, orderlymq vs {peer}", ours[name], "msg/s", theirs[name], peer, BODY_BYTES,
-                     STREAMS) for name in ours]
+        else:
+            peers[peer] = start
+    with contextlib.ExitStack() as running:
+        systems = {name: running.enter_context(start(workdir, sizes))
+                   for name, start in {"orderlymq": _orderlymq, **peers}.items()}
+        rates = {name: {"batched produce": system.batched(), "ordered consume": system.consume()}
+                 for name, system in systems.items()}
+        _sync_in_turns(systems, sizes.sync_seconds)
+        for name, system in systems.items():
+            system.check_sync(system.sync_sent)
+            rates[name]["synchronous send"] = system.sync_sent / system.sync_seconds
+    ours = rates.pop("orderlymq")
+    rows = [Row(f"peers: {name}, orderlymq vs {peer}", ours[name], "msg/s", theirs[name], peer, BODY_BYTES, STREAMS)
+            for peer, theirs in rates.items() for name in ours]
     return rows or [Row(f"peers: {name}, orderlymq alone", rate, "msg/s", message_bytes=BODY_BYTES, queues=STREAMS)
                     for name, rate in ours.items()]
+
+
+def _sync_in_turns(systems: dict[str, _Peer], seconds: float) -> None:
+    """Each system's synchronous sends, ``SYNC_ROUNDS`` turns of ``seconds / SYNC_ROUNDS`` each, the
+    systems one after the other in every round, after a short untimed run that warms each path."""
+    for system in systems.values():
+        system.sync_sent = system.sync(0.05, 0)
+    for _ in range(SYNC_ROUNDS):
+        for system in systems.values():
+            t0 = time.perf_counter()
+            system.sync_sent += system.sync(seconds / SYNC_ROUNDS, system.sync_sent)
+            system.sync_seconds += time.perf_counter() - t0
