@@ -83,6 +83,12 @@ class _Sending:
         self.count = 0
         self._lock = threading.Lock()
 
+    def forked(self) -> None:
+        """In a child process: none of the parent's sends is under way here (and its lock may have
+        been held when the process forked)."""
+        self.count = 0
+        self._lock = threading.Lock()
+
     def __enter__(self) -> None:
         with self._lock:
             self.count += 1
@@ -93,6 +99,8 @@ class _Sending:
 
 
 SENDING = _Sending()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=SENDING.forked)
 
 
 class BusyPoll:

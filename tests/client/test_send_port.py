@@ -19,7 +19,7 @@ from broker.wire.errors import OrderlyMQError
 from broker.wire.one_message import encode_one
 from broker.wire.tls import TlsOptions
 from connector.client import Admin, Producer
-from connector.client.busy_poll import BusyPoll, SpareCpu
+from connector.client.busy_poll import SENDING, BusyPoll, SpareCpu
 from connector.client.connection import BrokerConnection
 from connector.client.send_port import SendPortClient
 from connector.errors import SendOutcomeUnknownError
@@ -361,6 +361,16 @@ def test_polls_stop_while_the_machine_runs_more_threads_than_it_has_cpus_but_not
     assert [spare.look(3) for _ in range(10)][-1] is False, "three threads for a while: no CPU to spare"
     assert [spare.look(2) for _ in range(10)][-1] is True
     assert BusyPoll(1000, cpu_to_spare=lambda: False).read(None, bytearray(8)) == 0
+
+
+def test_a_child_forked_during_a_send_counts_none_of_its_parents_sends():
+    """Else a lone send of the child would never poll (the count of sends under way is what lets it)."""
+    with SENDING:
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0 if SENDING.count == 0 else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0 and SENDING.count == 0
 
 
 def test_a_negative_busy_poll_is_refused_by_name():
