@@ -153,9 +153,9 @@ def _orderlymq(workdir: Path, sizes: Sizes) -> Iterator[_Peer]:
     from connector.client import Admin, Producer, PullConsumer
 
     with BrokerProcess(workdir / "peer-orderlymq", "--flush", "async", "--log-level", "WARNING") as broker:
-        admin = Admin(broker.address)
-        admin.create_topic("bench", STREAMS)
-        admin.create_topic("sync", STREAMS)
+        with Admin(broker.address) as admin:
+            admin.create_topic("bench", STREAMS)
+            admin.create_topic("sync", STREAMS)
         with Producer(broker.address) as producer:
 
             def batched() -> int:
@@ -256,16 +256,16 @@ def _nats_binary() -> str | None:
 def _nats(workdir: Path, sizes: Sizes) -> Iterator[_Peer]:
     port, data = _free_port(), workdir / "peer-nats"
     cmd = [_nats_binary(), "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(data)]
-    with _server(cmd, port, workdir / "nats.log"), contextlib.closing(asyncio.new_event_loop()) as loop:
-        peer, client = loop.run_until_complete(_nats_peer(port, sizes, loop))
+    with _server(cmd, port, workdir / "nats.log"), asyncio.Runner() as runner:
+        peer, client = runner.run(_nats_peer(port, sizes, runner))
         try:
             yield peer
         finally:
-            loop.run_until_complete(client.close())
+            runner.run(client.close())
 
 
-async def _nats_peer(port: int, sizes: Sizes, loop: asyncio.AbstractEventLoop):
-    """NATS's workloads, each run to its end on ``loop`` (its client is asyncio's), and the client."""
+async def _nats_peer(port: int, sizes: Sizes, runner: asyncio.Runner):
+    """NATS's workloads, each run to its end by ``runner`` (its client is asyncio's), and the client."""
     import nats
     from nats.js.api import AckPolicy, ConsumerConfig
 
@@ -305,9 +305,8 @@ async def _nats_peer(port: int, sizes: Sizes, loop: asyncio.AbstractEventLoop):
             count += 1
         return count
 
-    return _Peer(lambda: _timed(lambda: loop.run_until_complete(batched())),
-                 lambda: _timed(lambda: loop.run_until_complete(consume())),
-                 lambda seconds, first: loop.run_until_complete(sync(seconds, first))), nc
+    return _Peer(lambda: _timed(lambda: runner.run(batched())), lambda: _timed(lambda: runner.run(consume())),
+                 lambda seconds, first: runner.run(sync(seconds, first))), nc
 
 
 # -- the table -----------------------------------------------------------------------------------
