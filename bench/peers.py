@@ -62,8 +62,6 @@ class _Peer:
     consume: Callable[[], float]
     sync: Callable[[float, int], int]
     check_sync: Callable[[int], None] = lambda count: None
-    sync_sent: int = 0
-    sync_seconds: float = 0.0
 
 
 def _message(i: int) -> tuple[str, int, bytes]:
@@ -328,10 +326,9 @@ def run(workdir: Path, quick: bool) -> list[Row]:
                    for name, start in {"orderlymq": _orderlymq, **peers}.items()}
         rates = {name: {"batched produce": system.batched(), "ordered consume": system.consume()}
                  for name, system in systems.items()}
-        _sync_in_turns(systems, sizes.sync_seconds)
-        for name, system in systems.items():
-            system.check_sync(system.sync_sent)
-            rates[name]["synchronous send"] = system.sync_sent / system.sync_seconds
+        for name, (sent, seconds) in _sync_in_turns(systems, sizes.sync_seconds).items():
+            systems[name].check_sync(sent)
+            rates[name]["synchronous send"] = sent / seconds
     ours = rates.pop("orderlymq")
     rows = [Row(f"peers: {name}, orderlymq vs {peer}", ours[name], "msg/s", theirs[name], peer, BODY_BYTES, STREAMS)
             for peer, theirs in rates.items() for name in ours]
@@ -339,13 +336,15 @@ def run(workdir: Path, quick: bool) -> list[Row]:
                     for name, rate in ours.items()]
 
 
-def _sync_in_turns(systems: dict[str, _Peer], seconds: float) -> None:
+def _sync_in_turns(systems: dict[str, _Peer], seconds: float) -> dict[str, tuple[int, float]]:
     """Each system's synchronous sends, ``SYNC_ROUNDS`` turns of ``seconds / SYNC_ROUNDS`` each, the
-    systems one after the other in every round, after a short untimed run that warms each path."""
-    for system in systems.values():
-        system.sync_sent = system.sync(0.05, 0)
+    systems one after the other in every round, after a short untimed run that warms each path:
+    per system, the messages it sent (the untimed ones included) and the seconds its turns took."""
+    sent = {name: system.sync(0.05, 0) for name, system in systems.items()}
+    timed = dict.fromkeys(systems, 0.0)
     for _ in range(SYNC_ROUNDS):
-        for system in systems.values():
+        for name, system in systems.items():
             t0 = time.perf_counter()
-            system.sync_sent += system.sync(seconds / SYNC_ROUNDS, system.sync_sent)
-            system.sync_seconds += time.perf_counter() - t0
+            sent[name] += system.sync(seconds / SYNC_ROUNDS, sent[name])
+            timed[name] += time.perf_counter() - t0
+    return {name: (sent[name], timed[name]) for name in systems}
