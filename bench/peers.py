@@ -326,9 +326,9 @@ def run(workdir: Path, quick: bool) -> list[Row]:
                    for name, start in {"orderlymq": _orderlymq, **peers}.items()}
         rates = {name: {"batched produce": system.batched(), "ordered consume": system.consume()}
                  for name, system in systems.items()}
-        for name, (sent, seconds) in _sync_in_turns(systems, sizes.sync_seconds).items():
+        for name, (sent, timed, seconds) in _sync_in_turns(systems, sizes.sync_seconds).items():
             systems[name].check_sync(sent)
-            rates[name]["synchronous send"] = sent / seconds
+            rates[name]["synchronous send"] = timed / seconds
     ours = rates.pop("orderlymq")
     rows = [Row(f"peers: {name}, orderlymq vs {peer}", ours[name], "msg/s", theirs[name], peer, BODY_BYTES, STREAMS)
             for peer, theirs in rates.items() for name in ours]
@@ -336,15 +336,16 @@ def run(workdir: Path, quick: bool) -> list[Row]:
                     for name, rate in ours.items()]
 
 
-def _sync_in_turns(systems: dict[str, _Peer], seconds: float) -> dict[str, tuple[int, float]]:
+def _sync_in_turns(systems: dict[str, _Peer], seconds: float) -> dict[str, tuple[int, int, float]]:
     """Each system's synchronous sends, ``SYNC_ROUNDS`` turns of ``seconds / SYNC_ROUNDS`` each, the
     systems one after the other in every round, after a short untimed run that warms each path:
-    per system, the messages it sent (the untimed ones included) and the seconds its turns took."""
-    sent = {name: system.sync(0.05, 0) for name, system in systems.items()}
-    timed = dict.fromkeys(systems, 0.0)
+    per system, the messages it sent in all, those sent in its turns, and the seconds they took."""
+    warm = {name: system.sync(0.05, 0) for name, system in systems.items()}
+    timed = dict.fromkeys(systems, 0)
+    took = dict.fromkeys(systems, 0.0)
     for _ in range(SYNC_ROUNDS):
         for name, system in systems.items():
             t0 = time.perf_counter()
-            sent[name] += system.sync(seconds / SYNC_ROUNDS, sent[name])
-            timed[name] += time.perf_counter() - t0
-    return {name: (sent[name], timed[name]) for name in systems}
+            timed[name] += system.sync(seconds / SYNC_ROUNDS, warm[name] + timed[name])
+            took[name] += time.perf_counter() - t0
+    return {name: (warm[name] + timed[name], timed[name], took[name]) for name in systems}
