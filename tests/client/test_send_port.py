@@ -19,7 +19,7 @@ from broker.wire.errors import OrderlyMQError
 from broker.wire.one_message import encode_one
 from broker.wire.tls import TlsOptions
 from connector.client import Admin, Producer
-from connector.client.busy_poll import SENDING, BusyPoll, SpareCpu
+from connector.client.busy_poll import SENDING, BusyPoll, SpareCpu, usable_cpus
 from connector.client.connection import BrokerConnection
 from connector.client.send_port import SendPortClient
 from connector.errors import SendOutcomeUnknownError
@@ -361,6 +361,31 @@ def test_polls_stop_while_the_machine_runs_more_threads_than_it_has_cpus_but_not
     assert [spare.look(3) for _ in range(10)][-1] is False, "three threads for a while: no CPU to spare"
     assert [spare.look(2) for _ in range(10)][-1] is True
     assert BusyPoll(1000, cpu_to_spare=lambda: False).read(None, bytearray(8)) == 0
+
+
+def _cgroup_tree(root: Path, files: dict[str, str], own: str) -> Path:
+    """A cgroup hierarchy as ``/sys/fs/cgroup`` shows one, under ``root``; the path of the file
+    that names the process's cgroups."""
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    (root / "self-cgroup").write_text(own)
+    return root / "self-cgroup"
+
+
+def test_the_cpus_counted_are_a_cgroup_quota_where_it_is_fewer_than_the_cpus(tmp_path):
+    v2 = tmp_path / "v2"
+    own = _cgroup_tree(v2, {"cpu.max": "max 100000\n", "pod/cpu.max": "50000 100000\n",
+                            "pod/app/cpu.max": "max 100000\n"}, "0::/pod/app\n")
+    assert usable_cpus(v2, own) == 0.5, "a quota of a cgroup above the process's counts"
+    v1 = tmp_path / "v1"
+    own = _cgroup_tree(v1, {"cpu,cpuacct/cpu.cfs_quota_us": "-1\n", "cpu,cpuacct/cpu.cfs_period_us": "100000\n"},
+                       "4:memory:/docker/abc\n2:cpu,cpuacct:/docker/abc\n")
+    assert usable_cpus(v1, own) == usable_cpus(tmp_path / "none", own), "no quota: the CPUs it may run on"
+    (v1 / "cpu,cpuacct/cpu.cfs_quota_us").write_text("25000\n")
+    assert usable_cpus(v1, own) == 0.25, "a container's own view: its cgroup is the root of what it sees"
+    assert usable_cpus(v1, tmp_path / "missing") == len(os.sched_getaffinity(0))
+    assert SpareCpu().cpus == usable_cpus()
 
 
 def test_a_child_forked_during_a_send_counts_none_of_its_parents_sends():
