@@ -6,8 +6,9 @@ of 1, 2, 3 brokers with ``replication = "sync"`` and ``min_sync_replicas`` = all
 (replication 1, 2, 3). ``flush = "async"`` so that fsync does not hide the per-message cost.
 
 Workloads through the real client: keyed produce (``Producer.send_batch`` of 10,000 keyed 100 B
-messages, 2 threads; routed to every queue, so to every group) and consume (``PullConsumer`` of
-every queue from the start). Beside each rate, the CPU time per message of all broker processes
+messages, 2 threads; routed to every queue, so to every group), synchronous send (one thread's
+``Producer.send`` of keyed 100 B messages, each waiting for its answer: over the master's lean
+port) and consume (``PullConsumer`` of every queue from the start). Beside each rate, the CPU time per message of all broker processes
 and of the client: this machine has 2 cores, so 3 groups share them; the CPU per message shows what
 a machine per group would gain better than the rate does. Best of the rounds by rate. Run:
 ``python spark_jobs/bench.py --only cluster``.
@@ -70,6 +71,14 @@ def _produce(producer: Producer, seconds: float, threads: int = 2) -> tuple[int,
     return _timed_threads(work, threads, seconds)
 
 
+def _sync_send(producer: Producer, seconds: float) -> tuple[int, float]:
+    body, sent, t0 = b"x" * BODY, 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        producer.send(TOPIC, body, key=f"key-{sent % 1000}")
+        sent += 1
+    return sent, time.perf_counter() - t0
+
+
 def _consume(consumer: PullConsumer, seconds: float) -> tuple[int, float]:
     got, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
@@ -90,10 +99,12 @@ def _one_round(workdir: Path, zookeeper: ZooKeeperServer, name: str, groups: int
         with Producer(cluster.bootstrap) as producer:
             _produce(producer, 0.5)  # warm up: channels, routes, first segment files
             produced = _measured(cluster, lambda: _produce(producer, seconds))
+            _sync_send(producer, 0.2)
+            sent = _measured(cluster, lambda: _sync_send(producer, seconds))
         with PullConsumer(cluster.bootstrap) as consumer:
             consumer.assign(TOPIC, None, start="earliest")
             consumed = _measured(cluster, lambda: _consume(consumer, seconds))
-    return {"keyed produce": produced, "consume": consumed}
+    return {"keyed produce": produced, "sync send": sent, "consume": consumed}
 
 
 def run(workdir: Path, quick: bool) -> list[Row]:
@@ -108,7 +119,7 @@ def run(workdir: Path, quick: bool) -> list[Row]:
                         best[(workload, name)] = got
                 print(f"  cluster: {name}, round {round_ + 1}/{rounds} done", flush=True)
     rows = []
-    for workload, baseline in (("keyed produce", "1 group"), ("consume", "1 group")):
+    for workload, baseline in (("keyed produce", "1 group"), ("sync send", "1 group"), ("consume", "1 group")):
         base = best[(workload, baseline)]
         for name, groups, size in CONFIGS:
             got = best[(workload, name)]

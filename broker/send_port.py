@@ -11,8 +11,10 @@ after them wait their turn: answers leave in request order, which is what keeps 
 client's queues in order. Everything a send does (idempotent sequences, error answers, metrics)
 is ``BrokerService.Send``'s, as on gRPC.
 
-Only served without TLS, access control or a broker group (``serves_send_port``): this port has
-neither encryption nor credentials, and a group's failover is handled by gRPC clients only.
+Only served without TLS or access control (``serves_send_port``): this port has neither
+encryption nor credentials. In a broker group every send goes through ``_Transport.send`` to a
+thread, since it may wait for the slaves, and is answered when gRPC's would be; a slave answers
+``NotMasterError`` and the client resends on its stream, which finds the new master.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ _MAX_QUEUED = 1024  # requests waiting behind a slow one before the connection s
 
 
 def serves_send_port(config: BrokerConfig, access_control: bool) -> bool:
-    return config.send_port >= 0 and not config.tls and not access_control and not config.clustered
+    return config.send_port >= 0 and not config.tls and not access_control
 
 
 class SendPort:

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import io
+import socket
 import subprocess
 import tarfile
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
 import pyarrow as pa
+from prometheus_client.parser import text_string_to_metric_families
 
 from broker.launcher import BrokerProcess
 from broker.wire import codec
@@ -128,3 +131,24 @@ def pull_all(conn: BrokerConnection, topic: str, queue_id: int, offset: int = 0,
         offset = resp.next_offset
         if offset >= resp.max_offset:
             return pa.concat_tables(tables) if tables else codec.empty_stored_table()
+
+
+def scrape(port: int) -> dict[tuple[str, tuple], float]:
+    """``{(sample name, sorted labels): value}`` of one scrape of ``/metrics``."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def value(samples: dict, name: str, **labels) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def free_port() -> int:
+    """A loopback port free now (for a setting that takes a port number, not 0)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -22,7 +22,7 @@ _TIMEVAL = struct.Struct("@ll")  # struct timeval: seconds, microseconds
 
 def lean_port_of(conn: BrokerConnection) -> int:
     """The lean port of ``conn``'s current broker, as its ``Health`` tells; 0 when it serves none
-    (TLS, access control, a broker group), does not answer, or ``conn`` uses TLS (the port is
+    (TLS, access control), does not answer, or ``conn`` uses TLS (the port is
     plaintext): gRPC serves the calls then."""
     if conn.tls is not None:
         return 0

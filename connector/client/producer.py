@@ -378,7 +378,10 @@ class Producer:
         deadline = time.monotonic() + self.retry_timeout
         row = _message_row(body, key, tag, properties)
         target = self._route_one(topic, row, selector, arg, queue_id, deadline)
-        sent = self._sender_for(topic, target, deadline).send_direct(topic, target, row, deadline)
+        try:
+            sent = self._sender_for(topic, target, deadline).send_direct(topic, target, row, deadline)
+        except WrongGroupError:
+            sent = None  # nothing stored, the route read again (on_rejected): sent to the group holding the queue
         if isinstance(sent, SendResult):  # over the broker's send port
             return sent
         return self._send_chunk(topic, target, [row], True, deadline, None if sent is None else [sent])

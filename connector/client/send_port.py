@@ -2,7 +2,7 @@
 
 A synchronous one-message send spends most of its time in gRPC's per-call work; the broker's send
 port carries the same ``SendRequest`` / ``SendResponse`` over plain TCP instead. The port is
-learned from ``Health`` (0: the broker serves none: TLS, access control or a broker group), asked
+learned from ``Health`` (0: the broker serves none: TLS or access control), asked
 again a while after it was missing or failed. Each round trip runs on the caller's thread over a
 connection of a small pool, so concurrent callers do not wait for each other.
 

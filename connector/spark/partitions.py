@@ -76,7 +76,8 @@ class QueuePartition(InputPartition):
 def read_partition(options: SourceOptions, partition: QueuePartition, target: pa.Schema) -> Iterator[pa.RecordBatch]:
     """The messages of ``partition`` in queue order as record batches of ``target``."""
     conn = options.connect_direct(partition.addresses)
-    link = None if partition.addresses else lease_pull_link(conn)  # a broker group serves no lean port
+    # In a broker group pulls stay on gRPC, whose connection follows the master through a failover.
+    link = None if partition.addresses else lease_pull_link(conn)
     with ThreadPoolExecutor(1, thread_name_prefix="orderlymq-prefetch") as prefetch:
         puller = _Puller(conn, link, prefetch)
         try:

@@ -42,6 +42,7 @@ from broker.wire.errors import (
     BrokerUnavailableError,
     TopicGrewError,
     TransactionError,
+    WrongGroupError,
     from_answer,
 )
 from broker.wire.send_request import EncodedSend, send_request_parts
@@ -566,9 +567,9 @@ def _send_idempotent(port_conn: BrokerConnection, conn: BrokerConnection | Route
         answer = None
     if answer is not None and answer.error_code:
         error = from_answer(answer.error_code, answer.error_message, answer.error_kind)
-        if not isinstance(error, BrokerUnavailableError):
+        if not isinstance(error, BrokerUnavailableError | WrongGroupError):
             raise error
-        answer = None  # gRPC's call retries a broker that is down or not the master
+        answer = None  # gRPC's call retries a broker that is down or not the master, or reads a stale route again
     if answer is None:
         conn.call("Send", EncodedSend(topic, queue_id, b"".join(parts)))
 

@@ -14,21 +14,7 @@ from broker.proto import orderlymq_pb2_grpc as pb_grpc
 from broker.wire import codec
 from connector.client.connection import BrokerConnection, pb
 from tests.faults.tcp_proxy import TcpProxy
-from tests.support import pull_all, send_rows, wait_until
-
-
-def scrape(port: int) -> dict[tuple[str, tuple], float]:
-    """``{(sample name, sorted labels): value}`` of one scrape of ``/metrics``."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
-
-
-def value(samples: dict, name: str, **labels) -> float:
-    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+from tests.support import pull_all, scrape, send_rows, value, wait_until
 
 
 def test_traffic_offsets_lag_and_locks_match_what_was_done(broker_factory, topic_name):

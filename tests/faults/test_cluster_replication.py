@@ -17,13 +17,13 @@ import time
 import pytest
 
 from broker.wire.errors import FencedError
-from connector.client import Admin
+from connector.client import Admin, Producer
 from connector.client.connection import BrokerConnection, pb
 from connector.history import History, check
 from tests.faults.cluster_group import group_behind
 from tests.faults.fault_profile import PROFILE
-from tests.faults.workload import keyed_producers, send_all, stored_deliveries
-from tests.support import wait_until
+from tests.faults.workload import body, keyed_producers, send_all, stored_deliveries
+from tests.support import free_port, scrape, value, wait_until
 
 TOPIC, GROUP, QUEUES = "orders", "order-service", 4
 
@@ -102,3 +102,41 @@ def test_a_slave_whose_stream_went_silent_dials_again_and_catches_up(broker_grou
     assert behind_at_end_of_sends > 0, "the silenced stream still carried records"
     assert not failures, failures
     assert log.ok and log.lost == 0, str(log)
+
+
+def _port_sends(metrics_port: int) -> float:
+    return value(scrape(metrics_port), "orderlymq_rpc_duration_seconds_count", method="SendPort")
+
+
+def test_a_masters_lean_port_answers_sync_sends_once_replicated_and_the_next_master_takes_them_on(
+        broker_group, fault_report):
+    """Synchronous sends go over the master's lean port, are answered once a slave has them
+    (min_sync_replicas=2), and after a kill -9 of the master go on over the new master's port: read back from the new
+    master, nothing acknowledged is missing, nothing is there twice, every key is in order."""
+    metrics = [free_port() for _ in range(3)]
+    group = broker_group(3, settings_of={i: {"metrics_port": port} for i, port in enumerate(metrics)})
+    master = group.wait_for_master()
+    with Admin(group.addresses) as admin:
+        admin.create_topic(TOPIC, QUEUES)
+    history, sent = History(), dict.fromkeys((f"k{k}" for k in range(6)), 0)
+    with Producer(group.addresses) as producer:
+        def send_rounds(rounds: int) -> None:
+            for _ in range(rounds):
+                for key, seq in sent.items():
+                    producer.send(TOPIC, body(key, seq), key=key)
+                    history.sent(key, seq, acked=True)
+                    sent[key] = seq + 1
+
+        send_rounds(50)
+        on_first_port = _port_sends(metrics[group.brokers.index(master)])
+        master.kill9()
+        promoted = group.wait_for_master(exclude=master)
+        send_rounds(50)
+        on_second_port = _port_sends(metrics[group.brokers.index(promoted)])
+    with BrokerConnection(promoted.address) as conn:
+        log = check(history.sends, stored_deliveries(conn, TOPIC))
+    fault_report("cluster: sync sends over the lean port, master killed", {"log": log},
+                 on_first_masters_port=on_first_port, on_second_masters_port=on_second_port)
+    assert log.ok and log.deliveries == 600, str(log)
+    assert on_first_port == 300, "every send to the first master went over its port"
+    assert on_second_port >= 250, "after the hand-over, the new master's port"

@@ -16,6 +16,7 @@ import pytest
 
 from broker.proto import orderlymq_pb2 as pb
 from broker.proto import orderlymq_pb2_grpc as pb_grpc
+from broker.wire import codec
 from broker.wire.errors import InvalidRequestError, TopicNotFoundError, WrongGroupError
 from connector.cli import main
 from connector.client import Admin, ConcurrentConsumer, ConsumeConcurrentlyStatus, Producer, PullConsumer
@@ -23,6 +24,8 @@ from connector.client.connection import BrokerConnection
 from connector.client.routed import RoutedConnection
 from connector.client.routes import TopicRoute
 from connector.history import Delivery, History, check
+from connector.spark.options import SinkOptions
+from connector.spark.writer import _Sender
 from tests.faults.brokers import broker_process
 from tests.faults.cluster_group import CLUSTER_BROKER
 from tests.faults.fault_profile import PROFILE
@@ -192,6 +195,16 @@ def test_bad_inputs_and_stale_routes_get_clear_answers(broker_cluster):
             assert [q.broker_name for q in producer.routes.route(TOPIC).queues] == \
                 [q.broker_name for q in truth.queues]
         assert sum(q.count for q in admin.topic_status(TOPIC)) == 12
+        # So does the Spark sink's task, whose sends go over each master's lean port.
+        with RoutedConnection(brokers[0].address) as conn:
+            conn.routes.route(TOPIC)
+            conn.routes._routes[TOPIC] = (time.monotonic(), wrong)  # noqa: SLF001 - the stale route
+            options = SinkOptions.from_options({"brokers": brokers[0].address, "topic": TOPIC, "shardingKey": "key"})
+            sender = _Sender(conn, options, producer_id="sink-task")
+            for queue_id in range(6):
+                table = codec.messages_to_batch([{"key": f"s{queue_id}", "body": body(f"s{queue_id}", 0)}])
+                sender.send(TOPIC, queue_id, table, table.nbytes)
+        assert sum(q.count for q in admin.topic_status(TOPIC)) == 18
 
         # A transaction stages sends on several groups; committed, each group makes its part visible.
         txn_history = History()
