@@ -4,7 +4,7 @@ carries.
 
 A round trip of an empty gRPC call costs more than storing a small message, so a producer's
 synchronous one-message sends come here: a request small enough to be stored on the loop (the
-same rule as gRPC's, ``_Transport.send_on_loop``) is parsed, stored and answered inside one
+same rule as gRPC's, ``_Transport.answers_at_once``) is parsed, stored and answered inside one
 ``buffer_updated``, with no task, no thread and no HTTP/2 framing. Others (big batches, transactions,
 ``flush = "sync"``) go through ``_Transport.send`` like a ``SendStream`` request, and the requests
 after them wait their turn: answers leave in request order, which is what keeps a pipelining
@@ -12,8 +12,8 @@ client's queues in order. Everything a send does (idempotent sequences, error an
 is ``BrokerService.Send``'s, as on gRPC.
 
 Only served without TLS or access control (``serves_send_port``): this port has neither
-encryption nor credentials. In a broker group every send goes through ``_Transport.send`` to a
-thread, since it may wait for the slaves, and is answered when gRPC's would be; a slave answers
+encryption nor credentials. In a broker group every send goes through ``_Transport.send``, since
+it may wait for the slaves, and is answered when gRPC's would be; a slave answers
 ``NotMasterError`` and the client resends on its stream, which finds the new master.
 """
 
@@ -141,7 +141,7 @@ class _SendConnection(FramedConnection):
 
     def _enqueue(self, request: pb.SendRequest | pb.SendResponse, size: int, started: float) -> None:
         """Answer now when nothing waits and it may be stored on the loop; else queue it."""
-        if self._worker is None and (isinstance(request, pb.SendResponse) or self._sends.send_on_loop(request, size)):
+        if self._worker is None and (isinstance(request, pb.SendResponse) or self._sends.answers_at_once(request, size)):
             self._answer(self._store_now(request), started)
             return
         self._queued.append((request, size, started))

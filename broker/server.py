@@ -107,8 +107,10 @@ class _Transport:
     def __init__(self, service: BrokerService, threads: ThreadHops, guard: AccessGuard | None = None) -> None:
         self.service = service
         self.threads = threads
-        # In a broker group a send may wait for its slaves: never on the loop that serves them.
-        self.sends_on_loop = service.config.flush == "async" and not service.config.clustered
+        # In a broker group a send may wait for its slaves: on the loop that serves them it awaits
+        # them (``BrokerService.send_replicated``), never blocks.
+        self.sends_on_loop = service.config.flush == "async"
+        self.clustered = service.config.clustered
         self.metrics = service.metrics
         self.guard = guard  # None: access control is off
 
@@ -139,9 +141,14 @@ class _Transport:
         as received: ``ByteSize`` serializes the whole message again, reading ``batch`` copies it."""
         return self.sends_on_loop and not request.txn_id and size <= _ON_LOOP_SEND_BYTES
 
+    def answers_at_once(self, request: pb.SendRequest | SendRequestView, size: int) -> bool:
+        """Whether the send is stored and answered by one call on the loop: outside a broker
+        group, whose sends may await their slaves."""
+        return not self.clustered and self.send_on_loop(request, size)
+
     async def send(self, request: pb.SendRequest | SendRequestView, size: int) -> pb.SendResponse:
         if self.send_on_loop(request, size):
-            return self.service.Send(request)
+            return await self.service.send_replicated(request) if self.clustered else self.service.Send(request)
         return await self.on_thread(self.service.Send, request)
 
     def unary(self, name: str, request_type) -> Callable[[bytes, Any], Awaitable[Any]]:

@@ -226,26 +226,43 @@ class BrokerService:
     def Send(self, request) -> pb.SendResponse:
         """Store one batch (or stage it in a transaction); also each request of ``SendStream``."""
         self._still_master()  # a send stream may outlive this broker's term as master
+        if request.txn_id:
+            return self._stage(request)
+        answer = self._append(request)
+        if self.cluster is not None:  # a duplicate too: its first copy may not be replicated yet
+            self.cluster.stored(request.topic, request.queue_id, answer.base_offset + answer.count)
+        return answer
+
+    async def send_replicated(self, request) -> pb.SendResponse:
+        """``Send`` of a batch outside a transaction, on the event loop of a broker group's master:
+        the wait for its slaves is awaited, with no thread sleeping through it."""
+        self._still_master()
+        answer = self._append(request)
+        await self.cluster.replicated(request.topic, request.queue_id, answer.base_offset + answer.count)
+        return answer
+
+    def _append(self, request) -> pb.SendResponse:
         queue = self._queue(request.topic, request.queue_id)
         body, count = codec.message_batch(request.batch)
-        if request.txn_id:
-            # A producer id makes the staged send idempotent: its sequence numbers it in the transaction.
-            sequence = request.sequence if request.producer_id else None
-            with self._txn_changes() as record:
-                staged = self.txns.stage(request.txn_id, request.topic, request.queue_id, body, sequence)
-                if staged and self.cluster is not None:  # only the group's slaves read the payload from the change
-                    record(pb.TxnChange(kind=pb.TxnChange.STAGE, txn_id=request.txn_id, topic=request.topic,
-                                        queue_id=request.queue_id, payload=bytes(body)))
-            return pb.SendResponse(base_offset=-1, count=count, queue_id=request.queue_id, duplicate=not staged)
         result = queue.append(body, count, request.producer_id, request.sequence if request.producer_id else -1,
                               admit=self._still_master)
         if not result.duplicate:
             self.metrics.stored(request.topic, request.queue_id, result.count, len(body))
-        if self.cluster is not None:  # a duplicate too: its first copy may not be replicated yet
-            self.cluster.stored(request.topic, request.queue_id, result.base_offset + result.count)
         return pb.SendResponse(base_offset=result.base_offset, count=result.count,
                                store_timestamp=result.store_timestamp, duplicate=result.duplicate,
                                queue_id=request.queue_id)
+
+    def _stage(self, request) -> pb.SendResponse:
+        self._queue(request.topic, request.queue_id)  # checks the topic and queue id, as an append does
+        body, count = codec.message_batch(request.batch)
+        # A producer id makes the staged send idempotent: its sequence numbers it in the transaction.
+        sequence = request.sequence if request.producer_id else None
+        with self._txn_changes() as record:
+            staged = self.txns.stage(request.txn_id, request.topic, request.queue_id, body, sequence)
+            if staged and self.cluster is not None:  # only the group's slaves read the payload from the change
+                record(pb.TxnChange(kind=pb.TxnChange.STAGE, txn_id=request.txn_id, topic=request.topic,
+                                    queue_id=request.queue_id, payload=bytes(body)))
+        return pb.SendResponse(base_offset=-1, count=count, queue_id=request.queue_id, duplicate=not staged)
 
     # -- consume -------------------------------------------------------------------------------
 

@@ -147,6 +147,12 @@ class ClusterNode:
         if self.config.replication == "sync":
             self.source.wait_replicated(topic, queue_id, end)
 
+    async def replicated(self, topic: str, queue_id: int, end: int) -> None:
+        """``stored`` on the event loop: the wait for the slaves is awaited, not slept through."""
+        self.source.changed()
+        if self.config.replication == "sync":
+            await self.source.replicated(topic, queue_id, end)
+
     def changed(self, offsets: bool = False) -> None:
         self.source.changed(offsets)
 

@@ -5,7 +5,8 @@ the master answers with the records that follow (framed as stored, at the same o
 topic table and, when newer, the committed offsets. A fetch is also the slave's acknowledgement
 of everything before its ends, and that is what ``wait_replicated`` waits for: with
 ``replication = "sync"`` a send is answered once every member of the sync-state set has it and
-the set has at least ``min_sync_replicas`` brokers.
+the set has at least ``min_sync_replicas`` brokers. A send stored on the event loop awaits the
+same in ``replicated``, which hands no thread over: a future the acknowledging fetch resolves.
 
 The set changes here, through ``GroupControl`` (a versioned write: only the master of the
 current epoch can make it): a slave not caught up with the master for ``replica_lag_timeout_ms``
@@ -21,6 +22,7 @@ long every slave of the set is bound, which lets a master serve through a ZooKee
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import threading
@@ -60,6 +62,24 @@ class _Follower:
     promise_from: float = 0.0  # when the last answer it acknowledged receiving was sent
 
 
+@dataclass(eq=False)
+class _LoopWaiter:
+    """A send on the event loop waiting for the sync-state set (``ReplicaSource.replicated``)."""
+
+    has_it: Callable[[_Follower], bool]
+    future: asyncio.Future
+    what: str
+    remedy: str
+
+
+def _settle(future: asyncio.Future, error: Exception | None) -> None:
+    if not future.done():
+        if error is None:
+            future.set_result(None)
+        else:
+            future.set_exception(error)
+
+
 class ReplicaSource:
     """Serves a master's slaves; inactive (refusing fetches) while this broker is not master."""
 
@@ -80,6 +100,7 @@ class ReplicaSource:
         # across terms, as a stream opened just before this broker's term began serves in it.
         self._open_streams: Counter[int] = Counter()
         self._high_watermark: dict[str, int] = {}
+        self._loop_waiters: list[_LoopWaiter] = []
         self._changes = 0  # grows with every append, commit or topic change: wakes parked fetches
         self.offsets_version = 0
         self.txn_log = TxnChangeLog()
@@ -97,13 +118,13 @@ class ReplicaSource:
             self._high_watermark = dict(ends)
             self.offsets_version = state.epoch << 32
             self.txn_log.begin_term(state.epoch)
-            self._cond.notify_all()
+            self._notify()
 
     def deactivate(self) -> None:
         """Stop serving: fetches are refused and every waiting send fails as not-master."""
         with self._cond:
             self._active = False
-            self._cond.notify_all()
+            self._notify()
 
     def changed(self, offsets: bool = False) -> None:
         """Something slaves copy changed (records, topics; ``offsets``: committed offsets)."""
@@ -124,9 +145,25 @@ class ReplicaSource:
             Not replicated within twice ``replica_lag_timeout_ms``, or this broker stopped being
             master meanwhile: stored here but not acknowledged; resending is safe.
         """
+        self._wait_for_sync_set(*self._holds(topic, queue_id, end))
+        self._acknowledged(topic, queue_id, end)
+
+    async def replicated(self, topic: str, queue_id: int, end: int) -> None:
+        """``wait_replicated`` on the event loop, awaiting the fetch that acknowledges it."""
+        waiter = self._loop_waiter(*self._holds(topic, queue_id, end))
+        if waiter is not None:
+            await waiter
+        self._acknowledged(topic, queue_id, end)
+
+    @staticmethod
+    def _holds(topic: str, queue_id: int, end: int) -> tuple[Callable[[_Follower], bool], str, str]:
+        """What a slave holding ``topic/queue_id`` up to ``end`` has; what to say when it does not."""
         key = queue_key(topic, queue_id)
-        self._wait_for_sync_set(lambda f: f.ends.get(key, 0) >= end, f"{topic}/{queue_id} up to offset {end}",
-                                "resend with the same producer id and sequence")
+        return (lambda f: f.ends.get(key, 0) >= end, f"{topic}/{queue_id} up to offset {end}",
+                "resend with the same producer id and sequence")
+
+    def _acknowledged(self, topic: str, queue_id: int, end: int) -> None:
+        key = queue_key(topic, queue_id)
         with self._cond:
             if end > self._high_watermark.get(key, 0):
                 self._high_watermark[key] = end
@@ -139,22 +176,72 @@ class ReplicaSource:
         self._wait_for_sync_set(lambda f: f.txn_seq >= seq, f"transaction change {seq & 0xFFFFFFFF}", "retry it")
 
     def _wait_for_sync_set(self, has_it: Callable[[_Follower], bool], what: str, remedy: str) -> None:
-        timeout_s = 2 * self.config.replica_lag_timeout_ms / 1000
+        timeout_s = self._wait_timeout_s()
         deadline = time.monotonic() + timeout_s
         with self._cond:
             while True:
                 if not self._active:
-                    raise ReplicationTimeoutError(
-                        f"{what} was stored by a broker that stopped being master before its sync-state set had "
-                        f"it; {remedy} (the client sends it to the new master)")
+                    raise self._stepped_down(what, remedy)
                 if self._in_sync_set(has_it):
                     return
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise ReplicationTimeoutError(
-                        f"{what} is stored on the master but not on its sync-state set {sorted(self.sync_set)} "
-                        f"after {timeout_s:g}s (min_sync_replicas={self.config.min_sync_replicas}); {remedy}")
+                    raise self._timed_out(what, remedy, timeout_s)
                 self._cond.wait(remaining)
+
+    def _loop_waiter(self, has_it: Callable[[_Follower], bool], what: str, remedy: str) -> asyncio.Future | None:
+        """On the event loop: None when the sync-state set has it already, else a future resolved
+        when it does (``_notify``), failed when this broker stops being master or the wait times out."""
+        loop = asyncio.get_running_loop()
+        with self._cond:
+            if not self._active:
+                raise self._stepped_down(what, remedy)
+            if self._in_sync_set(has_it):
+                return None
+            waiter = _LoopWaiter(has_it, loop.create_future(), what, remedy)
+            self._loop_waiters.append(waiter)
+        timeout_s = self._wait_timeout_s()
+        timer = loop.call_later(timeout_s, lambda: _settle(waiter.future, self._timed_out(what, remedy, timeout_s)))
+        waiter.future.add_done_callback(lambda _: self._forget(waiter, timer))
+        return waiter.future
+
+    def _forget(self, waiter: _LoopWaiter, timer: asyncio.TimerHandle) -> None:
+        timer.cancel()
+        with self._cond:
+            if waiter in self._loop_waiters:
+                self._loop_waiters.remove(waiter)
+
+    def _notify(self) -> None:
+        """Under the lock, after a change that may end waits: wake the waiting threads, and settle
+        the loop's waiters whose wait it ends."""
+        self._cond.notify_all()
+        waiting = []
+        for waiter in self._loop_waiters:
+            if not self._active:
+                error = self._stepped_down(waiter.what, waiter.remedy)
+            elif self._in_sync_set(waiter.has_it):
+                error = None
+            else:
+                waiting.append(waiter)
+                continue
+            try:
+                waiter.future.get_loop().call_soon_threadsafe(_settle, waiter.future, error)
+            except RuntimeError:  # the loop is closed: the broker is stopping, nobody awaits the answer
+                pass
+        self._loop_waiters = waiting
+
+    def _wait_timeout_s(self) -> float:
+        return 2 * self.config.replica_lag_timeout_ms / 1000
+
+    @staticmethod
+    def _stepped_down(what: str, remedy: str) -> ReplicationTimeoutError:
+        return ReplicationTimeoutError(f"{what} was stored by a broker that stopped being master before its sync-state "
+                                       f"set had it; {remedy} (the client sends it to the new master)")
+
+    def _timed_out(self, what: str, remedy: str, timeout_s: float) -> ReplicationTimeoutError:
+        return ReplicationTimeoutError(
+            f"{what} is stored on the master but not on its sync-state set {sorted(self.sync_set)} after "
+            f"{timeout_s:g}s (min_sync_replicas={self.config.min_sync_replicas}); {remedy}")
 
     def _in_sync_set(self, has_it: Callable[[_Follower], bool]) -> bool:
         if len(self.sync_set) < self.config.min_sync_replicas:
@@ -214,7 +301,7 @@ class ReplicaSource:
                 log.info("sync-state set of group %s: %s -> %s", self.config.broker_name, sorted(self.sync_set),
                          sorted(sync_set))
             self.sync_set = sync_set
-            self._cond.notify_all()
+            self._notify()
 
     def replica_status(self) -> list[pb.ReplicaStatus]:
         """Each slave as this master sees it: connected, in the set, how far behind."""
@@ -316,7 +403,7 @@ class ReplicaSource:
         promised = follower.promised
         if promised is not None and all(follower.ends.get(k, 0) >= end for k, end in promised.items()):
             follower.last_caught_up = follower.promised_at
-        self._cond.notify_all()
+        self._notify()
 
     def _ends(self) -> dict[str, int]:
         store = self.service.store
