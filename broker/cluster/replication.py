@@ -339,8 +339,9 @@ class ReplicaSource:
                 if follower_id is None:
                     follower_id = fetch.broker_id
                     self.stream_opened(follower_id)
+                self._take_acknowledgement(fetch, sent_at)
                 try:
-                    answer, sent_at = await loop.run_in_executor(self._pool, self._answer, fetch, sent_at)
+                    answer, sent_at = await loop.run_in_executor(self._pool, self._answer, fetch)
                 except Exception as exc:  # noqa: BLE001 - every failure must become a status
                     code, message, _ = to_status(exc)
                     await context.abort(code, message, trailing_metadata=status_metadata(exc))
@@ -361,17 +362,15 @@ class ReplicaSource:
             if not self._open_streams[broker_id]:
                 del self._open_streams[broker_id]
 
-    def _answer(self, fetch: pb.ReplicaFetch, received: float | None) -> tuple[pb.ReplicaData, float]:
-        """The answer to ``fetch`` and when it was sent (at the latest: the slave's promise runs
-        from its receipt); ``received``: when the stream's previous answer, which ``fetch``
-        acknowledges, was sent."""
+    def _answer(self, fetch: pb.ReplicaFetch) -> tuple[pb.ReplicaData, float]:
+        """The answer to ``fetch`` (acknowledged already: ``_take_acknowledgement``) and when it
+        was sent (at the latest: the slave's promise runs from its receipt)."""
         with self._cond:
             if not self._active or fetch.group_epoch != self.epoch:
                 raise self.not_master()
             if fetch.handshake:
                 self._followers.setdefault(fetch.broker_id, _Follower())
                 return pb.ReplicaData(group_epoch=self.epoch, epoch_history=self.history.encoded()), lease_clock.now()
-            self._acknowledge(fetch, received)
         deadline = time.monotonic() + FETCH_WAIT_S
         while True:
             with self._cond:
@@ -388,6 +387,15 @@ class ReplicaSource:
             follower = self._followers[fetch.broker_id]
             follower.promised, follower.promised_at = complete, (sent := lease_clock.now())
         return answer, sent
+
+    def _take_acknowledgement(self, fetch: pb.ReplicaFetch, received: float | None) -> None:
+        """On the event loop, as the fetch arrives: the sends it acknowledges are answered without
+        waiting for a thread to take the fetch (one that this master's term does not accept is
+        refused by ``_answer``); ``received``: when the stream's previous answer, which ``fetch``
+        acknowledges, was sent."""
+        with self._cond:
+            if self._active and fetch.group_epoch == self.epoch and not fetch.handshake:
+                self._acknowledge(fetch, received)
 
     def _acknowledge(self, fetch: pb.ReplicaFetch, received: float | None) -> None:
         """Under the lock: record where the slave stands; wake the sends waiting for it."""

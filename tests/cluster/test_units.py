@@ -4,6 +4,9 @@ offset snapshots, the transaction table's changes and copies, and the promises a
 
 from __future__ import annotations
 
+import asyncio
+import threading
+
 import pytest
 
 from broker.cluster.control import GroupState
@@ -19,7 +22,13 @@ from broker.service import BrokerService
 from broker.storage import QueueLog
 from broker.transactions import ABORTED, COMMITTED, COMMITTING, TransactionManager, prepare_change
 from broker.wire import codec
-from broker.wire.errors import DamagedRecordError, InvalidOptionError, NotMasterError, OffsetOutOfRangeError
+from broker.wire.errors import (
+    DamagedRecordError,
+    InvalidOptionError,
+    NotMasterError,
+    OffsetOutOfRangeError,
+    ReplicationTimeoutError,
+)
 
 
 def batch(start: int, n: int) -> tuple[bytes, int]:
@@ -113,12 +122,50 @@ def test_a_promise_runs_from_an_answer_sent_on_the_stream_that_acknowledges_it(t
     source.activate(GroupState(1, 0, "", frozenset({0, 1})), {})
     handshake = pb.ReplicaFetch(broker_id=1, group_epoch=1, handshake=True)
     fetch = pb.ReplicaFetch(broker_id=1, group_epoch=1)
-    _, old_sent = source._answer(handshake, None)  # the old stream's
-    _, new_sent = source._answer(handshake, None)  # the new stream's, answered later
-    source._answer(fetch, old_sent)  # on the old stream: the new stream's answer is not acknowledged
+    _, old_sent = source._answer(handshake)  # the old stream's
+    _, new_sent = source._answer(handshake)  # the new stream's, answered later
+    source._take_acknowledgement(fetch, old_sent)  # on the old stream: the new stream's answer is not acknowledged
     assert source.promised_until(1.0) == old_sent + 1.0 < new_sent + 1.0
-    source._answer(fetch, new_sent)
+    source._take_acknowledgement(fetch, new_sent)
     assert source.promised_until(1.0) == new_sent + 1.0
+    source.close()
+    service.close()
+
+
+def _fetch_up_to(offset: int) -> pb.ReplicaFetch:
+    return pb.ReplicaFetch(broker_id=1, group_epoch=1, ends=[pb.QueuePosition(topic="t", queue_id=0, offset=offset)])
+
+
+def test_a_send_on_the_loop_awaits_the_fetch_that_acknowledges_it_and_fails_on_timeout_or_step_down(tmp_path):
+    """``replicated`` on the event loop: answered once the slave's fetch reaches its end (taken on
+    the loop or on another thread), not before; a timed-out wait and one cut by a step-down fail
+    with ``ReplicationTimeoutError``, and no waiter is left behind."""
+    service = BrokerService(BrokerConfig(data_dir=str(tmp_path / "master"), replica_lag_timeout_ms=100))
+    service.CreateTopic(pb.CreateTopicRequest(topic="t", queue_count=1))
+    source = ReplicaSource(service, EpochHistory(tmp_path / "epochs.json"), 0, lambda: NotMasterError("stepped down"))
+    source.activate(GroupState(1, 0, "", frozenset({0, 1})), {})
+    source._answer(pb.ReplicaFetch(broker_id=1, group_epoch=1, handshake=True))
+
+    async def scenario() -> None:
+        waiting = asyncio.create_task(source.replicated("t", 0, 5))
+        source._take_acknowledgement(_fetch_up_to(4), None)
+        await asyncio.sleep(0.05)
+        assert not waiting.done(), "the slave is short of the send's end"
+        taker = threading.Thread(target=source._take_acknowledgement, args=(_fetch_up_to(5), None))
+        taker.start()
+        await asyncio.wait_for(waiting, 5)
+        taker.join()
+        await source.replicated("t", 0, 5)  # held already: answered at once
+        with pytest.raises(ReplicationTimeoutError, match="not on its sync-state set"):
+            await source.replicated("t", 0, 9)
+        cut = asyncio.create_task(source.replicated("t", 0, 9))
+        await asyncio.sleep(0.01)
+        source.deactivate()
+        with pytest.raises(ReplicationTimeoutError, match="stopped being master"):
+            await cut
+        assert source._loop_waiters == []
+
+    asyncio.run(scenario())
     source.close()
     service.close()
 
@@ -131,7 +178,7 @@ def test_a_slave_stays_connected_while_any_of_its_streams_is_open(tmp_path):
     source = ReplicaSource(service, EpochHistory(tmp_path / "epochs.json"), 0, lambda: NotMasterError("stepped down"))
     source.stream_opened(1)
     source.activate(GroupState(1, 0, "", frozenset({0, 1})), {})
-    source._answer(pb.ReplicaFetch(broker_id=1, group_epoch=1, handshake=True), None)
+    source._answer(pb.ReplicaFetch(broker_id=1, group_epoch=1, handshake=True))
     source.stream_opened(1)  # dialed again
     source.stream_closed(1)  # the old stream ends
     assert [r.connected for r in source.replica_status()] == [True]
