@@ -269,6 +269,7 @@ class BrokerService:
     def pull_queue(self, request) -> QueueLog:
         """Everything a pull checks before it may wait: the queue, the lock, the tags, the limits
         and the offset. Returns the queue to wait on and read."""
+        self._still_master()  # the lean port has no gate (broker.cluster.gate): a slave refuses here
         queue = self._queue(request.topic, request.queue_id)
         if request.group:
             self.locks.check(request.group, request.topic, request.queue_id, request.client_id, request.epoch)

@@ -16,9 +16,10 @@ import time
 
 import pytest
 
-from broker.wire.errors import FencedError
+from broker.wire.errors import FencedError, NotMasterError
 from connector.client import Admin, Producer
 from connector.client.connection import BrokerConnection, pb
+from connector.client.pull_port import open_pull_link
 from connector.history import History, check
 from tests.faults.cluster_group import group_behind
 from tests.faults.fault_profile import PROFILE
@@ -135,6 +136,13 @@ def test_a_masters_lean_port_answers_sync_sends_once_replicated_and_the_next_mas
         on_second_port = _port_sends(metrics[group.brokers.index(promoted)])
     with BrokerConnection(promoted.address) as conn:
         log = check(history.sends, stored_deliveries(conn, TOPIC))
+    slave = next(b for b in group.brokers if b not in (master, promoted))
+    with BrokerConnection(slave.address) as conn:  # as gRPC's gate does, a slave's port refuses pulls
+        link = open_pull_link(conn)
+        link.issue(pb.PullRequest(topic=TOPIC, queue_id=0, offset=0, max_messages=10))
+        with pytest.raises(NotMasterError):
+            link.receive()
+        link.close()
     fault_report("cluster: sync sends over the lean port, master killed", {"log": log},
                  on_first_masters_port=on_first_port, on_second_masters_port=on_second_port)
     assert log.ok and log.deliveries == 600, str(log)
