@@ -87,7 +87,8 @@ class BrokerConfig:
         TCP port on ``host`` of the lean protocol (``broker.send_port``): a producer's sends skip
         gRPC's per-call cost there, and the Spark source's pulls its per-megabyte copies. 0 (the
         default) picks a free port, which ``Health`` tells clients; -1 serves none. Never served
-        with TLS, access control or in a broker group: clients then use gRPC.
+        with TLS or access control: clients then use gRPC. In a broker group only the master
+        answers there.
     workers : int
         Threads for the RPC work that may block (file writes and fsyncs, reads, offsets, locks,
         transactions). Waiting holds none: long-polling pulls and open send streams wait on the

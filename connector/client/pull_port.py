@@ -29,7 +29,8 @@ class PullPortFailure(OSError):
 
 def open_pull_link(conn: BrokerConnection) -> PullLink | None:
     """A pull connection to the lean port of ``conn``'s broker; None when it serves none (TLS,
-    access control, a broker group) or cannot be reached: then pulls go over gRPC."""
+    access control) or cannot be reached: then pulls go over gRPC. In a broker group only the
+    master answers pulls there (a slave answers ``NotMasterError``)."""
     port = lean_port_of(conn)
     if not port:
         return None
