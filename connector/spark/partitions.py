@@ -26,7 +26,13 @@ import pyarrow.compute as pc
 from pyspark.sql.datasource import InputPartition
 
 from broker.wire import codec
-from broker.wire.errors import BrokerUnavailableError, DamagedRecordError, FencedError, OffsetOutOfRangeError
+from broker.wire.errors import (
+    BrokerUnavailableError,
+    DamagedRecordError,
+    FencedError,
+    NotMasterError,
+    OffsetOutOfRangeError,
+)
 from broker.wire.pull_response import PullReply
 from connector.client.connection import BrokerConnection, pb
 from connector.client.pull_port import PullLink, PullPortFailure
@@ -76,8 +82,7 @@ class QueuePartition(InputPartition):
 def read_partition(options: SourceOptions, partition: QueuePartition, target: pa.Schema) -> Iterator[pa.RecordBatch]:
     """The messages of ``partition`` in queue order as record batches of ``target``."""
     conn = options.connect_direct(partition.addresses)
-    # In a broker group pulls stay on gRPC, whose connection follows the master through a failover.
-    link = None if partition.addresses else lease_pull_link(conn)
+    link = lease_pull_link(conn)
     with ThreadPoolExecutor(1, thread_name_prefix="orderlymq-prefetch") as prefetch:
         puller = _Puller(conn, link, prefetch)
         try:
@@ -90,7 +95,9 @@ class _Puller:
     """The pulls of one partition, over the broker's lean port when it serves one (``link``), else
     over gRPC; at most one issued ahead, so that while Spark takes a batch the next one crosses
     the network. A failing link is dropped and the pull made over gRPC (pulls are safe to repeat),
-    within what is left of the poll timeout: a frozen broker fails the read after it, as on gRPC."""
+    within what is left of the poll timeout: a frozen broker fails the read after it, as on gRPC.
+    So is a link to a group's broker that is not its master (a failover, or a first address that
+    is a slave): the gRPC connection finds the master, and the next read's link goes there."""
 
     def __init__(self, conn: BrokerConnection, link: PullLink | None, pool: ThreadPoolExecutor) -> None:
         self._conn, self._link, self._pool = conn, link, pool
@@ -120,7 +127,7 @@ class _Puller:
                     self._link.skip()
                 self._link.issue(request)
                 return self._link.receive()
-        except PullPortFailure as exc:
+        except (PullPortFailure, NotMasterError) as exc:  # a group's slave, or a master that stepped down
             self._drop_link(exc)
             return self._conn.call("Pull", request, deadline=started + self._conn.retry_timeout)
         return self._conn.call("Pull", request)
@@ -135,8 +142,10 @@ class _Puller:
             self._link.close()
         self._link = None
 
-    def _drop_link(self, failure: PullPortFailure) -> None:
-        log.warning("pulling over the broker's lean port failed (%s); pulling over gRPC", failure)
+    def _drop_link(self, failure: PullPortFailure | NotMasterError) -> None:
+        # A group's slave is where a read of a group may start: no warning for that.
+        level = logging.INFO if isinstance(failure, NotMasterError) else logging.WARNING
+        log.log(level, "pulling over the broker's lean port failed (%s); pulling over gRPC", failure)
         self._link.close()
         self._link = None
 

@@ -20,10 +20,13 @@ from broker.wire.errors import FencedError, NotMasterError
 from connector.client import Admin, Producer
 from connector.client.connection import BrokerConnection, pb
 from connector.client.pull_port import open_pull_link
-from connector.history import History, check
+from connector.history import Delivery, History, check
+from connector.spark.options import SourceOptions
+from connector.spark.partitions import QueuePartition, read_partition
+from connector.spark.schema import arrow_schema, source_schema
 from tests.faults.cluster_group import group_behind
 from tests.faults.fault_profile import PROFILE
-from tests.faults.workload import body, keyed_producers, send_all, stored_deliveries
+from tests.faults.workload import body, keyed_producers, parse_body, send_all, stored_deliveries
 from tests.support import free_port, scrape, value, wait_until
 
 TOPIC, GROUP, QUEUES = "orders", "order-service", 4
@@ -105,8 +108,23 @@ def test_a_slave_whose_stream_went_silent_dials_again_and_catches_up(broker_grou
     assert log.ok and log.lost == 0, str(log)
 
 
-def _port_sends(metrics_port: int) -> float:
-    return value(scrape(metrics_port), "orderlymq_rpc_duration_seconds_count", method="SendPort")
+def _port_sends(metrics_port: int, method: str = "SendPort") -> float:
+    return value(scrape(metrics_port), "orderlymq_rpc_duration_seconds_count", method=method)
+
+
+def _read_by_spark_tasks(addresses: list[str], ends: list[int]) -> list[Delivery]:
+    """Every queue read as a Spark source task reads it (``read_partition``), outside Spark."""
+    options = SourceOptions.from_options({"brokers": ",".join(addresses), "topic": TOPIC}, streaming=False)
+    out = []
+    for queue_id, end in enumerate(ends):
+        partition = QueuePartition(topic=TOPIC, broker="group-a", queue_id=queue_id, start=0, end=end,
+                                   addresses=tuple(addresses))
+        for batch in read_partition(options, partition, arrow_schema(source_schema())):
+            for raw, offset in zip(batch.column("body").to_pylist(), batch.column("queue_offset").to_pylist(),
+                                   strict=True):
+                key, seq = parse_body(raw)
+                out.append(Delivery(key, seq, consumer="task", queue_id=queue_id, offset=offset))
+    return out
 
 
 def test_a_masters_lean_port_answers_sync_sends_once_replicated_and_the_next_master_takes_them_on(
@@ -136,15 +154,24 @@ def test_a_masters_lean_port_answers_sync_sends_once_replicated_and_the_next_mas
         on_second_port = _port_sends(metrics[group.brokers.index(promoted)])
     with BrokerConnection(promoted.address) as conn:
         log = check(history.sends, stored_deliveries(conn, TOPIC))
+        ends = [conn.call("QueryOffsets", pb.QueryOffsetsRequest(topic=TOPIC, queue_id=q)).max_offset
+                for q in range(QUEUES)]
     slave = next(b for b in group.brokers if b not in (master, promoted))
+    # The Spark source's tasks, given the slave first, pull from the master's port.
+    pulls_before = _port_sends(metrics[group.brokers.index(promoted)], "PullPort")
+    read = check(history.sends, _read_by_spark_tasks([slave.address, promoted.address], ends))
+    pulled_on_port = _port_sends(metrics[group.brokers.index(promoted)], "PullPort") - pulls_before
     with BrokerConnection(slave.address) as conn:  # as gRPC's gate does, a slave's port refuses pulls
         link = open_pull_link(conn)
         link.issue(pb.PullRequest(topic=TOPIC, queue_id=0, offset=0, max_messages=10))
         with pytest.raises(NotMasterError):
             link.receive()
         link.close()
-    fault_report("cluster: sync sends over the lean port, master killed", {"log": log},
-                 on_first_masters_port=on_first_port, on_second_masters_port=on_second_port)
+    fault_report("cluster: sync sends over the lean port, master killed", {"log": log, "read by tasks": read},
+                 on_first_masters_port=on_first_port, on_second_masters_port=on_second_port,
+                 pulled_on_port=pulled_on_port)
     assert log.ok and log.deliveries == 600, str(log)
+    assert read.ok and read.deliveries == 600, str(read)
+    assert pulled_on_port >= QUEUES - 1, "the first read's link found a slave; the others the master's port"
     assert on_first_port == 300, "every send to the first master went over its port"
     assert on_second_port >= 250, "after the hand-over, the new master's port"
