@@ -108,7 +108,7 @@ def test_a_slave_whose_stream_went_silent_dials_again_and_catches_up(broker_grou
     assert log.ok and log.lost == 0, str(log)
 
 
-def _port_sends(metrics_port: int, method: str = "SendPort") -> float:
+def _port_calls(metrics_port: int, method: str = "SendPort") -> float:
     return value(scrape(metrics_port), "orderlymq_rpc_duration_seconds_count", method=method)
 
 
@@ -130,8 +130,10 @@ def _read_by_spark_tasks(addresses: list[str], ends: list[int]) -> list[Delivery
 def test_a_masters_lean_port_answers_sync_sends_once_replicated_and_the_next_master_takes_them_on(
         broker_group, fault_report):
     """Synchronous sends go over the master's lean port, are answered once a slave has them
-    (min_sync_replicas=2), and after a kill -9 of the master go on over the new master's port: read back from the new
-    master, nothing acknowledged is missing, nothing is there twice, every key is in order."""
+    (min_sync_replicas=2), and after a kill -9 of the master go on over the new master's port:
+    read back from the new master, nothing acknowledged is missing, nothing is there twice, every
+    key is in order. Spark source tasks given a slave first read it all from the master's port;
+    the slave's port refuses pulls."""
     metrics = [free_port() for _ in range(3)]
     group = broker_group(3, settings_of={i: {"metrics_port": port} for i, port in enumerate(metrics)})
     master = group.wait_for_master()
@@ -147,20 +149,20 @@ def test_a_masters_lean_port_answers_sync_sends_once_replicated_and_the_next_mas
                     sent[key] = seq + 1
 
         send_rounds(50)
-        on_first_port = _port_sends(metrics[group.brokers.index(master)])
+        on_first_port = _port_calls(metrics[group.brokers.index(master)])
         master.kill9()
         promoted = group.wait_for_master(exclude=master)
         send_rounds(50)
-        on_second_port = _port_sends(metrics[group.brokers.index(promoted)])
+        on_second_port = _port_calls(metrics[group.brokers.index(promoted)])
     with BrokerConnection(promoted.address) as conn:
         log = check(history.sends, stored_deliveries(conn, TOPIC))
         ends = [conn.call("QueryOffsets", pb.QueryOffsetsRequest(topic=TOPIC, queue_id=q)).max_offset
                 for q in range(QUEUES)]
     slave = next(b for b in group.brokers if b not in (master, promoted))
     # The Spark source's tasks, given the slave first, pull from the master's port.
-    pulls_before = _port_sends(metrics[group.brokers.index(promoted)], "PullPort")
+    pulls_before = _port_calls(metrics[group.brokers.index(promoted)], "PullPort")
     read = check(history.sends, _read_by_spark_tasks([slave.address, promoted.address], ends))
-    pulled_on_port = _port_sends(metrics[group.brokers.index(promoted)], "PullPort") - pulls_before
+    pulled_on_port = _port_calls(metrics[group.brokers.index(promoted)], "PullPort") - pulls_before
     with BrokerConnection(slave.address) as conn:  # as gRPC's gate does, a slave's port refuses pulls
         link = open_pull_link(conn)
         link.issue(pb.PullRequest(topic=TOPIC, queue_id=0, offset=0, max_messages=10))
