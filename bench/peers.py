@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.report import Row
+from broker.launcher import free_port
 from connector.history import check_keyed
 
 __all__ = ["run"]
@@ -92,12 +93,6 @@ def _per_stream(messages: int) -> list[int]:
     for i in range(messages):
         counts[_stream_of(_message(i)[0])] += 1
     return counts
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_port(port: int, proc: subprocess.Popen, timeout: float = 30.0) -> None:
@@ -208,7 +203,7 @@ def _redis_binary() -> str | None:
 def _redis(workdir: Path, sizes: Sizes) -> Iterator[_Peer]:
     import redis
 
-    port, data = _free_port(), workdir / "peer-redis"
+    port, data = free_port(), workdir / "peer-redis"
     data.mkdir(parents=True, exist_ok=True)
     cmd = [_redis_binary(), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data), "--save", "",
            "--appendonly", "yes", "--appendfsync", "everysec"]
@@ -252,7 +247,7 @@ def _nats_binary() -> str | None:
 
 @contextmanager
 def _nats(workdir: Path, sizes: Sizes) -> Iterator[_Peer]:
-    port, data = _free_port(), workdir / "peer-nats"
+    port, data = free_port(), workdir / "peer-nats"
     cmd = [_nats_binary(), "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(data)]
     with _server(cmd, port, workdir / "nats.log"), asyncio.Runner() as runner:
         peer, client = runner.run(_nats_peer(port, sizes, runner))

@@ -8,13 +8,21 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["BrokerProcess"]
+__all__ = ["BrokerProcess", "free_port"]
+
+
+def free_port() -> int:
+    """A loopback port free now, for a child server whose port must be named before it starts."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 class BrokerProcess:

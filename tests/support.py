@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import socket
 import subprocess
 import tarfile
 import time
@@ -145,10 +144,3 @@ def scrape(port: int) -> dict[tuple[str, tuple], float]:
 
 def value(samples: dict, name: str, **labels) -> float:
     return samples.get((name, tuple(sorted(labels.items()))), 0.0)
-
-
-def free_port() -> int:
-    """A loopback port free now (for a setting that takes a port number, not 0)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

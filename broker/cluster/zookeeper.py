@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from broker.launcher import free_port
+
 __all__ = ["ZOOKEEPER_JAR", "ZooKeeperServer", "ZooKeeperTls", "zookeeper_installed"]
 
 ZOOKEEPER_JAR = Path("/usr/share/java/zookeeper.jar")
@@ -29,12 +31,6 @@ _TICK_MS = 500  # sessions may then be as short as 2 ticks: failovers within sec
 
 def zookeeper_installed() -> bool:
     return ZOOKEEPER_JAR.exists() and shutil.which("java") is not None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass(frozen=True)
@@ -62,9 +58,9 @@ class ZooKeeperServer:
                  max_session_timeout_ms: int = 60_000) -> None:
         self.directory = Path(directory)
         self.max_session_timeout_ms = max_session_timeout_ms
-        self.port = port or _free_port()
+        self.port = port or free_port()
         self.tls = tls
-        self.secure_port = _free_port() if tls else 0
+        self.secure_port = free_port() if tls else 0
         self.proc: subprocess.Popen | None = None
 
     @property

@@ -16,6 +16,7 @@ import time
 
 import pytest
 
+from broker.launcher import free_port
 from broker.wire.errors import FencedError, NotMasterError
 from connector.client import Admin, Producer
 from connector.client.connection import BrokerConnection, pb
@@ -27,7 +28,7 @@ from connector.spark.schema import arrow_schema, source_schema
 from tests.faults.cluster_group import group_behind
 from tests.faults.fault_profile import PROFILE
 from tests.faults.workload import body, keyed_producers, parse_body, send_all, stored_deliveries
-from tests.support import free_port, scrape, value, wait_until
+from tests.support import scrape, value, wait_until
 
 TOPIC, GROUP, QUEUES = "orders", "order-service", 4
 
