@@ -20,15 +20,17 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["ThreadHops"]
+__all__ = ["ThreadHops", "settle"]
 
 log = logging.getLogger(__name__)
 
 _STOP = None  # taken by one thread, which then ends
 
 
-def _settle(future: asyncio.Future, result: Any, exc: BaseException | None) -> None:
-    if future.cancelled():
+def settle(future: asyncio.Future, result: Any, exc: BaseException | None) -> None:
+    """On the future's loop: its result, or ``exc``; nothing once it is done (cancelled by its
+    awaiting task, or settled already)."""
+    if future.done():
         return
     if exc is None:
         future.set_result(result)
@@ -85,7 +87,7 @@ class ThreadHops:
         except BaseException as error:  # noqa: BLE001 - handed to the awaiting task, as the executor does
             result, exc = None, error
         try:
-            loop.call_soon_threadsafe(_settle, future, result, exc)
+            loop.call_soon_threadsafe(settle, future, result, exc)
         except RuntimeError:  # the loop is closed: the broker is stopping and nobody awaits the answer
             log.debug("a call ended after the event loop closed; its answer is dropped")
 

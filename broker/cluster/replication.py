@@ -41,6 +41,7 @@ from broker.cluster.epochs import EpochHistory, queue_key
 from broker.cluster.txnlog import TxnChangeLog, table_changes
 from broker.proto import orderlymq_pb2 as pb
 from broker.service import BrokerService
+from broker.thread_hops import settle
 from broker.wire.errors import NotMasterError, ReplicationTimeoutError, status_metadata, to_status
 
 __all__ = ["FETCH_WAIT_S", "MAX_RESPONSE_BYTES", "ReplicaSource"]
@@ -70,14 +71,6 @@ class _LoopWaiter:
     future: asyncio.Future
     what: str
     remedy: str
-
-
-def _settle(future: asyncio.Future, error: Exception | None) -> None:
-    if not future.done():
-        if error is None:
-            future.set_result(None)
-        else:
-            future.set_exception(error)
 
 
 class ReplicaSource:
@@ -201,7 +194,7 @@ class ReplicaSource:
             waiter = _LoopWaiter(has_it, loop.create_future(), what, remedy)
             self._loop_waiters.append(waiter)
         timeout_s = self._wait_timeout_s()
-        timer = loop.call_later(timeout_s, lambda: _settle(waiter.future, self._timed_out(what, remedy, timeout_s)))
+        timer = loop.call_later(timeout_s, lambda: settle(waiter.future, None, self._timed_out(what, remedy, timeout_s)))
         waiter.future.add_done_callback(lambda _: self._forget(waiter, timer))
         return waiter.future
 
@@ -225,7 +218,7 @@ class ReplicaSource:
                 waiting.append(waiter)
                 continue
             try:
-                waiter.future.get_loop().call_soon_threadsafe(_settle, waiter.future, error)
+                waiter.future.get_loop().call_soon_threadsafe(settle, waiter.future, None, error)
             except RuntimeError:  # the loop is closed: the broker is stopping, nobody awaits the answer
                 pass
         self._loop_waiters = waiting
