@@ -8,9 +8,10 @@ of 1, 2, 3 brokers with ``replication = "sync"`` and ``min_sync_replicas`` = all
 Workloads through the real client: keyed produce (``Producer.send_batch`` of 10,000 keyed 100 B
 messages, 2 threads; routed to every queue, so to every group), synchronous send (one thread's
 ``Producer.send`` of keyed 100 B messages, each waiting for its answer: over the master's lean
-port) and consume (``PullConsumer`` of every queue from the start). Beside each rate, the CPU time per message of all broker processes
-and of the client: this machine has 2 cores, so 3 groups share them; the CPU per message shows what
-a machine per group would gain better than the rate does. Best of the rounds by rate. Run:
+port) and consume (``PullConsumer`` of every queue from the start). Beside each rate, the CPU
+time per message of all broker processes and of the client: this machine has 2 cores, so 3
+groups share them; the CPU per message shows what a machine per group would gain better than
+the rate does. Best of the rounds by rate. Run:
 ``python spark_jobs/bench.py --only cluster``.
 """
 

@@ -16,9 +16,9 @@ Polling takes a CPU, so it is done only where one is to spare:
   ``/proc/loadavg`` counts them every ``_LOOK_EVERY_S``, averaged over the last looks, as a
   moment's extra thread is no reason to stop); once it has none, not for about a second. The
   CPUs counted are those the process may run on, or its container's CPU quota where that is
-  fewer (``usable_cpus``). Two
-  processes each sending alone on two cores sent 6,000 messages/s polling without this look (the
-  broker had no CPU left) against 12,000 asleep; with it, as many as asleep;
+  fewer (``usable_cpus``). Two processes each sending alone on two cores sent 6,000 messages/s
+  polling without this look (the broker had no CPU left) against 12,000 asleep; with it, as many
+  as asleep;
 - polls that keep ending with no answer (a broker far away, one that fsyncs every send) stop: one
   round trip in ``_PROBE_EVERY`` polls then, to notice when answers come quickly again.
 """
