@@ -58,8 +58,13 @@ faketime:  ## Debian's libfaketime for the clock-step tests (nothing to do when 
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq libfaketime >/dev/null; \
 	fi
 
+# Two pytest workers (pytest-xdist): most tests wait on brokers, leases, failovers and Spark, so two
+# overlap on two cores (27 -> 18 min); the long tests (@pytest.mark.slow) are handed out first.
+# TEST_WORKERS=0 runs everything in one process.
+TEST_WORKERS ?= 2
+
 test: $(STAMP) fuse browser zookeeper faketime  ## the whole test suite (what CI runs)
-	$(PY) -m pytest $(ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) $(ARGS)
 
 faults: $(STAMP) fuse zookeeper faketime  ## the long versions of the fault scenarios
 	ORDERLYMQ_FAULTS=long $(PY) -m pytest tests/faults $(ARGS)

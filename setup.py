@@ -40,6 +40,7 @@ setup(
         "test": SPARK + BENCH + ROCKETMQ + CLUSTER + [
             "pytest>=8",
             "pytest-timeout>=2.3",
+            "pytest-xdist>=3.5",  # make test runs two workers
             "hypothesis>=6.100",
             "grpcio-tools>=1.85.1,<2",
             "nbclient>=0.10",

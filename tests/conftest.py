@@ -20,6 +20,12 @@ settings.register_profile("orderlymq", deadline=None)
 settings.load_profile("orderlymq")
 
 
+def pytest_collection_modifyitems(config, items):
+    """The long tests (``@pytest.mark.slow``) first: handed out first to the workers of ``make test``
+    (``-n``), they run beside the many short ones, not one after another at the end."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture
 def broker_factory(tmp_path):
     """Start in-process brokers with config overrides: ``broker_factory(lock_lease_ms=500)``."""

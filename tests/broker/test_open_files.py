@@ -69,6 +69,7 @@ def test_a_broker_at_its_open_file_limit_serves_more_queues_than_it_may_keep_ope
         assert broker.stop() == 0
 
 
+@pytest.mark.slow
 def test_more_clients_than_the_broker_may_open_files_for(tmp_path):
     """160 producers connected at once to a broker that may open 128 files: the lean send port
     cannot take the connections past the limit, each such producer sends over gRPC instead, and

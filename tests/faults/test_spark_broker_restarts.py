@@ -20,6 +20,7 @@ pytestmark = pytest.mark.spark
 
 
 
+@pytest.mark.slow
 def test_exactly_once_query_rides_out_broker_restarts(spark, broker_proc, fault_report, tmp_path):
     proc = broker_proc(flush="sync")
     run = CopyRun.start(spark, proc.address, SOURCE, SINK, GROUP, QUEUES, tmp_path / "checkpoint")

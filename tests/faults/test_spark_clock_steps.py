@@ -22,6 +22,7 @@ STEPS_S = (HOUR_S, -2 * HOUR_S, HOUR_S)
 pytestmark = pytest.mark.spark
 
 
+@pytest.mark.slow
 def test_exactly_once_query_rides_out_clock_steps(spark, broker_proc, fault_report, tmp_path):
     clock = SteppedClock(tmp_path / "clock-offset", SOURCE)
     proc = broker_proc(env=clock.env())

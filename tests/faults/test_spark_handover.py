@@ -31,6 +31,7 @@ def start(spark, address, checkpoint, **options):
                       maxMessagesPerTrigger=PROFILE.spark_max_per_trigger, lockTimeoutMs=10000, **options)
 
 
+@pytest.mark.slow
 def test_handover_between_two_queries_of_a_group_neither_loses_nor_duplicates(spark, broker_proc, fault_report,
                                                                               tmp_path):
     proc = broker_proc(flush="sync")

@@ -109,6 +109,7 @@ def executor_pids(work_dir: Path) -> list[int]:
     return pids
 
 
+@pytest.mark.slow
 def test_pipeline_output_is_complete_ordered_and_once_through_task_executor_and_driver_failures(
         broker_proc, fault_report, tmp_path):
     proc = broker_proc(flush="sync")
@@ -119,6 +120,7 @@ def test_pipeline_output_is_complete_ordered_and_once_through_task_executor_and_
                                   tmp_path, "4 Spark pipeline")
 
 
+@pytest.mark.slow
 def test_pipeline_across_two_broker_groups_through_task_executor_and_driver_failures(
         broker_cluster, fault_report, tmp_path):
     groups = broker_cluster(2, 1, flush="sync", min_sync_replicas=1)  # one broker a group: no slave to wait for

@@ -50,6 +50,7 @@ def run_job(job: Path, env: dict[str, str], log: Path, *args: str) -> subprocess
                                 stderr=subprocess.STDOUT, start_new_session=True)
 
 
+@pytest.mark.slow
 def test_a_query_of_the_first_release_goes_on_under_this_connector(broker, fault_report, tmp_path):
     address = broker.address
     conn = BrokerConnection(address)

@@ -7,9 +7,12 @@ import math
 import subprocess
 import sys
 
+import pytest
+
 from tests.jobs.cluster import ROOT, spark_env
 
 
+@pytest.mark.slow
 def test_quick_benchmarks_write_valid_json(tmp_path):
     out = tmp_path / "bench.json"
     result = subprocess.run([sys.executable, "spark_jobs/bench.py", "--quick", "--out", str(out)], cwd=ROOT,

@@ -11,6 +11,7 @@ import sys
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from broker.launcher import BrokerProcess
 from connector.client import Admin, PullConsumer
@@ -25,6 +26,7 @@ def check_summary(path, produced: int) -> None:
     assert (summary["out-of-order"], summary["duplicates"], summary["lost"]) == (0, 0, 0)
 
 
+@pytest.mark.slow
 def test_demo_quick_mode_runs_to_a_clean_summary(tmp_path):
     summary = tmp_path / "summary.json"
     result = subprocess.run(
@@ -46,6 +48,7 @@ def write_history(path, keys: int, per_key: int) -> None:
                              "event_time": [r[2] for r in rows]}), path)
 
 
+@pytest.mark.slow
 def test_demo_and_backfill_on_a_standalone_cluster_with_spark_submit(tmp_path):
     summary = tmp_path / "summary.json"
     history = tmp_path / "history.parquet"

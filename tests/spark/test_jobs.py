@@ -40,6 +40,7 @@ def test_task_failing_once_leaves_no_duplicate_and_no_reordering(broker, conn, t
     assert_delivered([(f"k{k}", s) for k in range(8) for s in range(250)], topic_delivered(out))
 
 
+@pytest.mark.slow
 def test_backfill_dry_run_and_spark_submit(broker, conn, topic_name, tmp_path):
     create_topic(conn, topic_name, 4)
     rng = random.Random(3)
