@@ -144,3 +144,8 @@ def scrape(port: int) -> dict[tuple[str, tuple], float]:
 
 def value(samples: dict, name: str, **labels) -> float:
     return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def port_calls(metrics_port: int, method: str) -> float:
+    """How many ``method`` calls (``SendPort``, ``PullPort``: the lean port's) a broker answered."""
+    return value(scrape(metrics_port), "orderlymq_rpc_duration_seconds_count", method=method)

@@ -33,12 +33,13 @@ from broker.wire.errors import (
     FencedError,
     InvalidOptionError,
     MessagesLostError,
+    NotMasterError,
     OffsetOutOfRangeError,
     OrderlyMQError,
     TopicNotFoundError,
 )
 from broker.wire.tags import parse_tag_expression
-from connector.client.connection import Credentials, TlsOptions, pb
+from connector.client.connection import BrokerConnection, Credentials, TlsOptions, pb
 from connector.client.consume_pool import ConsumePool
 from connector.client.messages import (
     PROPERTY_ORIGIN_OFFSET,
@@ -75,6 +76,36 @@ def dlq_topic(group: str) -> str:
 def retry_topic(group: str) -> str:
     """The group's retry topic (concurrent consumers): ``%RETRY%<group>``."""
     return f"%RETRY%{group}"
+
+
+class _PullLinks:
+    """The pull thread's lean pull connections, one per broker connection it pulls through, each
+    opened when first needed. Where none could be opened, or one failed, a link is looked for
+    again after ``_LINK_RETRY_S``, or as soon as the connection has moved to another broker (a
+    group's new master)."""
+
+    def __init__(self) -> None:
+        self._links: dict[BrokerConnection, PullLink] = {}
+        self._looked: dict[BrokerConnection, tuple[float, str]] = {}  # when, at which address
+
+    def get(self, broker: BrokerConnection) -> PullLink | None:
+        link = self._links.get(broker)
+        if link is None:
+            when, address = self._looked.get(broker, (-_LINK_RETRY_S, ""))
+            if time.monotonic() - when >= _LINK_RETRY_S or broker.address != address:
+                self._looked[broker] = (time.monotonic(), broker.address)
+                link = open_pull_link(broker)
+                if link is not None:
+                    self._links[broker] = link
+        return link
+
+    def drop(self, broker: BrokerConnection) -> None:
+        self._links.pop(broker).close()
+
+    def close(self) -> None:
+        for link in self._links.values():
+            link.close()
+        self._links.clear()
 
 
 class PushConsumer(abc.ABC):
@@ -517,42 +548,56 @@ class PushConsumer(abc.ABC):
 
     def _pull_loop(self) -> None:
         idle = 0.01
-        link: PullLink | None = None
-        link_at = 0.0  # when the lean port is looked for again (none, or it failed)
+        links = _PullLinks()
         try:
             while not self._stop.is_set():
                 with self._table_lock:
                     pqs = [pq for pq in self.table.values() if self._pullable(pq)]
-                if link is None and pqs and time.monotonic() >= link_at:
-                    link, link_at = self._open_link(), time.monotonic() + _LINK_RETRY_S
-                if link is not None:
-                    got, link = self._pull_on_link(link, pqs)
-                else:
-                    got = self._pull_each(pqs)
+                got = False
+                for broker, its_pqs in self._by_broker(pqs):
+                    link = links.get(broker) if broker is not None else None
+                    if link is not None:
+                        got = self._pull_on_link(links, broker, link, its_pqs) or got
+                    else:
+                        got = self._pull_each(its_pqs) or got
                 if got:
                     idle = 0.01
                 else:
                     self._stop.wait(idle)
                     idle = min(idle * 2, self.idle_pull)
         finally:
-            if link is not None:
-                link.close()
+            links.close()
 
-    def _open_link(self) -> PullLink | None:
-        """A connection to the broker's lean pull port; None (pull over gRPC) in a cluster of broker
-        groups, or when the broker serves none or cannot be asked."""
+    def _by_broker(self, pqs: list[ProcessQueue]) -> list[tuple[BrokerConnection | None, list[ProcessQueue]]]:
+        """``pqs`` grouped by the broker that answers their pulls: the one broker, or in a cluster
+        the master of each queue's group (None for queues whose route cannot be read now: pulled
+        over gRPC, whose call says why)."""
+        if not pqs:
+            return []
         try:
-            if self.connection.clustered():
-                return None
+            if not self.connection.clustered():
+                return [(self.connection.bootstrap, pqs)]
         except OrderlyMQError:
-            return None
-        return open_pull_link(self.connection.bootstrap)
+            return [(None, pqs)]
+        grouped: dict[int, tuple[BrokerConnection | None, list[ProcessQueue]]] = {}
+        for pq in pqs:
+            try:
+                broker = self.connection.for_queue(pq.mq.topic, pq.mq.queue_id)
+            except OrderlyMQError:
+                broker = None
+            grouped.setdefault(id(broker), (broker, []))[1].append(pq)
+        return list(grouped.values())
 
-    def _pull_on_link(self, link: PullLink, pqs: list[ProcessQueue]) -> tuple[bool, PullLink | None]:
-        """One pull per queue over the broker's lean port, all written before the first answer is
+    def _pull_on_link(self, links: _PullLinks, broker: BrokerConnection, link: PullLink,
+                      pqs: list[ProcessQueue]) -> bool:
+        """One pull per queue over ``broker``'s lean port, all written before the first answer is
         read: one round trip for every queue, where gRPC makes one per queue, one after the other.
-        A failing link is closed and the queues it did not answer are pulled over gRPC (a pull is
-        safe to repeat). Returns whether messages came, and the link if it is still usable."""
+        Returns whether messages came.
+
+        A failing link is dropped and the queues it did not answer are pulled over gRPC (a pull is
+        safe to repeat). So are they when the link reaches a group's slave (a failover, or a first
+        address that is a slave): gRPC's connection finds the master, and the next pass opens a
+        link there."""
         got, answered = False, 0
         try:
             for pq in pqs:
@@ -560,21 +605,26 @@ class PushConsumer(abc.ABC):
             for pq in pqs:
                 try:
                     response = link.receive()
+                except NotMasterError:
+                    log.info("consumer %s: %s no longer masters its group; pulling over gRPC", self.client_id,
+                             broker.address)
+                    links.drop(broker)
+                    return self._pull_each(pqs[answered:]) or got
                 except OrderlyMQError as exc:  # what the broker answered (a PullPortFailure is not one)
                     answered += 1
                     if not self._pull_failed(pq, exc):  # the broker is unavailable: read past the rest
                         for _ in pqs[answered:]:
                             link.skip()
-                        return got, link
+                        return got
                     continue
                 answered += 1
                 got = self._pulled(pq, response) or got
-            return got, link
+            return got
         except PullPortFailure as exc:
-            log.warning("consumer %s: pulling over the broker's lean port failed (%s); pulling over gRPC",
-                        self.client_id, exc)
-            link.close()
-            return self._pull_each(pqs[answered:]) or got, None
+            log.warning("consumer %s: pulling over the lean port of %s failed (%s); pulling over gRPC",
+                        self.client_id, broker.address, exc)
+            links.drop(broker)
+            return self._pull_each(pqs[answered:]) or got
 
     def _pull_each(self, pqs: list[ProcessQueue]) -> bool:
         """One pull per queue over gRPC, one after the other; whether messages came."""

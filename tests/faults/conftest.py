@@ -70,10 +70,13 @@ def broker_cluster(tmp_path, zookeeper):
 
     started = []
 
-    def start(groups: int = 3, size: int = 2, **settings) -> list[BrokerGroup]:
+    def start(groups: int = 3, size: int = 2, settings_of_groups: list[dict[int, dict]] | None = None,
+              **settings) -> list[BrokerGroup]:
+        """``settings_of_groups[i]``: the ``settings_of`` of group ``i`` (``BrokerGroup``)."""
         for i in range(groups):
             group = BrokerGroup(tmp_path / f"cluster-{i}", zookeeper.connect_string, size,
-                                name=f"broker-{chr(ord('a') + i)}", **settings)
+                                name=f"broker-{chr(ord('a') + i)}",
+                                settings_of=(settings_of_groups or [{}] * groups)[i], **settings)
             started.append(group)
             group.start()
         return started

@@ -28,7 +28,7 @@ from connector.spark.schema import arrow_schema, source_schema
 from tests.faults.cluster_group import group_behind
 from tests.faults.fault_profile import PROFILE
 from tests.faults.workload import body, keyed_producers, parse_body, send_all, stored_deliveries
-from tests.support import scrape, value, wait_until
+from tests.support import port_calls, wait_until
 
 TOPIC, GROUP, QUEUES = "orders", "order-service", 4
 
@@ -109,10 +109,6 @@ def test_a_slave_whose_stream_went_silent_dials_again_and_catches_up(broker_grou
     assert log.ok and log.lost == 0, str(log)
 
 
-def _port_calls(metrics_port: int, method: str = "SendPort") -> float:
-    return value(scrape(metrics_port), "orderlymq_rpc_duration_seconds_count", method=method)
-
-
 def _read_by_spark_tasks(addresses: list[str], ends: list[int]) -> list[Delivery]:
     """Every queue read as a Spark source task reads it (``read_partition``), outside Spark."""
     options = SourceOptions.from_options({"brokers": ",".join(addresses), "topic": TOPIC}, streaming=False)
@@ -150,20 +146,20 @@ def test_a_masters_lean_port_answers_sync_sends_once_replicated_and_the_next_mas
                     sent[key] = seq + 1
 
         send_rounds(50)
-        on_first_port = _port_calls(metrics[group.brokers.index(master)])
+        on_first_port = port_calls(metrics[group.brokers.index(master)], "SendPort")
         master.kill9()
         promoted = group.wait_for_master(exclude=master)
         send_rounds(50)
-        on_second_port = _port_calls(metrics[group.brokers.index(promoted)])
+        on_second_port = port_calls(metrics[group.brokers.index(promoted)], "SendPort")
     with BrokerConnection(promoted.address) as conn:
         log = check(history.sends, stored_deliveries(conn, TOPIC))
         ends = [conn.call("QueryOffsets", pb.QueryOffsetsRequest(topic=TOPIC, queue_id=q)).max_offset
                 for q in range(QUEUES)]
     slave = next(b for b in group.brokers if b not in (master, promoted))
     # The Spark source's tasks, given the slave first, pull from the master's port.
-    pulls_before = _port_calls(metrics[group.brokers.index(promoted)], "PullPort")
+    pulls_before = port_calls(metrics[group.brokers.index(promoted)], "PullPort")
     read = check(history.sends, _read_by_spark_tasks([slave.address, promoted.address], ends))
-    pulled_on_port = _port_calls(metrics[group.brokers.index(promoted)], "PullPort") - pulls_before
+    pulled_on_port = port_calls(metrics[group.brokers.index(promoted)], "PullPort") - pulls_before
     with BrokerConnection(slave.address) as conn:  # as gRPC's gate does, a slave's port refuses pulls
         link = open_pull_link(conn)
         link.issue(pb.PullRequest(topic=TOPIC, queue_id=0, offset=0, max_messages=10))

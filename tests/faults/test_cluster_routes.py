@@ -14,6 +14,7 @@ import time
 import grpc
 import pytest
 
+from broker.launcher import free_port
 from broker.proto import orderlymq_pb2 as pb
 from broker.proto import orderlymq_pb2_grpc as pb_grpc
 from broker.wire import codec
@@ -40,7 +41,7 @@ from tests.faults.workload import (
     start_orderly_group,
     stored_deliveries,
 )
-from tests.support import wait_until
+from tests.support import port_calls, wait_until
 
 TOPIC, GROUP, QUEUES = "orders", "order-service", 6
 GROUP_NAMES = ["broker-a", "broker-b", "broker-c"]
@@ -128,7 +129,10 @@ def test_topic_spread_over_three_groups_keeps_every_key_in_order(broker_cluster,
 
 
 def test_master_killed_in_one_group_while_the_others_keep_serving(broker_cluster, fault_report):
-    groups = broker_cluster(3, 2)
+    """The orderly group's consumers pull over each master's lean port, and after a failover over
+    the new master's."""
+    metrics = _metrics_ports(3, 2)
+    groups = broker_cluster(3, 2, settings_of_groups=metrics)
     with Admin(groups[0].addresses) as admin:
         admin.create_topic(TOPIC, QUEUES)
     elections, epochs = [], []
@@ -150,8 +154,11 @@ def test_master_killed_in_one_group_while_the_others_keep_serving(broker_cluster
     history = History()
     producers, caught_up = _run_traffic(groups, history, during=kill_masters)
     assert all(epoch >= 2 for epoch in epochs), epochs
+    pulled_on_port = _pulls_on_masters_ports(groups, metrics)
     _judge(groups, history, producers, caught_up, fault_report,
-           f"cluster: 3 groups, {KILLS} master(s) killed -9 mid-run", election_s=elections)
+           f"cluster: 3 groups, {KILLS} master(s) killed -9 mid-run", election_s=elections,
+           pulls_on_masters_ports=pulled_on_port)
+    assert all(pulled_on_port.values()), f"every master, new ones too, answers pulls on its port: {pulled_on_port}"
 
 
 def test_bad_inputs_and_stale_routes_get_clear_answers(broker_cluster):
@@ -270,7 +277,8 @@ def _route_or_none(address: str, topic: str) -> pb.TopicRoute | None:
 def test_pull_and_concurrent_consumers_across_groups(broker_cluster):
     """Three groups of one broker: a pull consumer (locks, commits) and a concurrent consumer
     group (a retry topic of its own, placed by the cluster) read every group."""
-    groups = broker_cluster(3, 1, min_sync_replicas=1)
+    metrics = _metrics_ports(3, 1)
+    groups = broker_cluster(3, 1, settings_of_groups=metrics, min_sync_replicas=1)
     bootstrap = groups[2].addresses
     history = History()
     with Admin(bootstrap) as admin, Producer(bootstrap) as producer:
@@ -314,6 +322,20 @@ def test_pull_and_concurrent_consumers_across_groups(broker_cluster):
         finally:
             consumer.shutdown()
         assert seen == {(f"k{i % 12}", i // 12) for i in range(120)} and len(retried) == 12
+        pulled_on_port = _pulls_on_masters_ports(groups, metrics)
+        assert all(pulled_on_port.values()), f"the consumer pulls over every group's port: {pulled_on_port}"
+
+
+def _metrics_ports(groups: int, size: int) -> list[dict[int, dict]]:
+    """``settings_of_groups`` giving every broker a metrics port."""
+    return [{broker_id: {"metrics_port": free_port()} for broker_id in range(size)} for _ in range(groups)]
+
+
+def _pulls_on_masters_ports(groups, metrics: list[dict[int, dict]]) -> dict[str, float]:
+    """The pulls each group's master now answered on its lean port."""
+    masters = {group.name: (group, group.wait_for_master()) for group in groups}
+    return {name: port_calls(metrics[groups.index(group)][group.brokers.index(master)]["metrics_port"], "PullPort")
+            for name, (group, master) in masters.items()}
 
 
 def _delivery(message) -> Delivery:
