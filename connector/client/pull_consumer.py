@@ -19,6 +19,7 @@ from broker.wire import codec
 from broker.wire.errors import (
     DamagedRecordError,
     InvalidOptionError,
+    NotMasterError,
     OffsetOutOfRangeError,
     OrderlyMQError,
     QueueOutOfRangeError,
@@ -26,6 +27,7 @@ from broker.wire.errors import (
 from connector.client.connection import BrokerConnection, Credentials, TlsOptions, pb
 from connector.client.locking import lock_queues
 from connector.client.messages import Message, MessageQueue, PullResult, same_stored
+from connector.client.pull_port import PullLinkPool, PullPortFailure
 from connector.client.routed import RoutedConnection
 
 __all__ = ["EARLIEST", "LATEST", "PullConsumer", "default_client_id", "message_at", "still_stored"]
@@ -98,6 +100,7 @@ class PullConsumer:
         self._followed: dict[MessageQueue, tuple[int, Message]] = {}  # poll's last message and the broker start
         self._epochs: dict[MessageQueue, int] = {}
         self._next_queue = 0
+        self._links = PullLinkPool()
 
     # -- single pulls --------------------------------------------------------------------------
 
@@ -131,8 +134,10 @@ class PullConsumer:
         )
         if epoch is not None:
             request.group, request.client_id, request.epoch = self.group or "", self.client_id, epoch
-        timeout = self.connection.timeout + wait_ms / 1000
-        response = self.connection.call("Pull", request, timeout=timeout)
+        response = self._pull_on_link(request) if not wait_ms else None
+        if response is None:
+            timeout = self.connection.timeout + wait_ms / 1000
+            response = self.connection.call("Pull", request, timeout=timeout)
         table = codec.decode_many(response.batches)
         return PullResult(
             topic=topic,
@@ -143,6 +148,30 @@ class PullConsumer:
             max_offset=response.max_offset,
             boot_id=response.boot_id,
         )
+
+    def _pull_on_link(self, request: pb.PullRequest):
+        """The answer to ``request`` over the lean port of the broker holding its queue (a group's
+        master); None where that broker serves none, or the link failed or reached a group's slave:
+        gRPC then carries the pull, and its connection follows the master."""
+        try:
+            broker = self.connection.for_queue(request.topic, request.queue_id)
+        except OrderlyMQError:
+            return None  # gRPC's call says why
+        link = self._links.lease(broker)
+        if link is None:
+            return None
+        try:
+            link.issue(request)
+            response = link.receive()
+        except (PullPortFailure, NotMasterError) as exc:
+            log.info("pulling over the lean port of %s failed (%s); pulling over gRPC", broker.address, exc)
+            link.close()
+            return None
+        except OrderlyMQError:  # the broker's answer, read: the link goes on
+            self._links.give_back(broker, link)
+            raise
+        self._links.give_back(broker, link)
+        return response
 
     def query_offsets(self, topic: str, queue_id: int, timestamp_ms: int | None = None) -> tuple[int, int, int]:
         """``(min_offset, max_offset, offset_for_timestamp)``; the last is max_offset without a timestamp."""
@@ -361,6 +390,7 @@ class PullConsumer:
             except OrderlyMQError:
                 pass
             self._epochs.pop(mq, None)
+        self._links.close()
         self.connection.close()
 
     def __enter__(self) -> PullConsumer:

@@ -12,6 +12,8 @@ the reader then pulls over gRPC (a pull is safe to repeat).
 from __future__ import annotations
 
 import socket
+import threading
+import time
 
 from broker.proto import orderlymq_pb2 as pb
 from broker.wire.errors import InternalBrokerError
@@ -20,7 +22,7 @@ from broker.wire.pull_response import PullReply, decode_pull_response
 from connector.client.connection import BrokerConnection
 from connector.client.lean_port import check_hello, lean_port_of, limit_waits, open_lean, read_exactly
 
-__all__ = ["PullLink", "PullPortFailure", "open_pull_link"]
+__all__ = ["PullLink", "PullLinkPool", "PullPortFailure", "open_pull_link"]
 
 
 class PullPortFailure(OSError):
@@ -98,3 +100,54 @@ class PullLink:
 
     def close(self) -> None:
         self._sock.close()
+
+
+LINK_RETRY_S = 5.0  # a broker that served no lean port, or whose link failed, is asked again after this long
+
+
+class PullLinkPool:
+    """A client's idle pull links, per broker connection (a group's, which follows its master),
+    leased for one pull or one pass over queues and handed back when no answer is left unread.
+
+    A connection with no idle link gets a new one. Where none could be opened (no lean port: TLS,
+    access control; or the broker is down), one is looked for again after ``LINK_RETRY_S``, or as
+    soon as the connection moved to another broker (a group's new master). Thread-safe: threads
+    pulling at once each lease a link of their own.
+    """
+
+    def __init__(self, max_idle: int = 4) -> None:
+        self._max_idle = max_idle
+        self._idle: dict[BrokerConnection, list[PullLink]] = {}
+        self._opened: dict[BrokerConnection, tuple[float, str]] = {}  # last attempt: when, at which address
+        self._lock = threading.Lock()
+
+    def lease(self, conn: BrokerConnection) -> PullLink | None:
+        while True:
+            with self._lock:
+                idle = self._idle.get(conn)
+                link = idle.pop() if idle else None
+                if link is None:
+                    when, address = self._opened.get(conn, (-LINK_RETRY_S, ""))
+                    if time.monotonic() - when < LINK_RETRY_S and conn.address == address:
+                        return None
+                    self._opened[conn] = (time.monotonic(), conn.address)
+            if link is None:
+                return open_pull_link(conn)
+            if link.idle_and_open():
+                return link
+            link.close()  # its broker stopped or restarted
+
+    def give_back(self, conn: BrokerConnection, link: PullLink) -> None:
+        with self._lock:
+            idle = self._idle.setdefault(conn, [])
+            if len(idle) < self._max_idle:
+                idle.append(link)
+                return
+        link.close()
+
+    def close(self) -> None:
+        with self._lock:
+            links = [link for idle in self._idle.values() for link in idle]
+            self._idle.clear()
+        for link in links:
+            link.close()

@@ -53,7 +53,7 @@ from connector.client.offset_store import LocalOffsetStore, RemoteOffsetStore, c
 from connector.client.process_queue import ProcessQueue
 from connector.client.producer import Producer
 from connector.client.pull_consumer import default_client_id, still_stored
-from connector.client.pull_port import PullLink, PullPortFailure, open_pull_link
+from connector.client.pull_port import PullLink, PullLinkPool, PullPortFailure
 from connector.client.rebalance import ALLOCATORS, AllocateStrategy
 from connector.client.routed import RoutedConnection
 from connector.client.scheduler import Scheduler
@@ -65,7 +65,6 @@ log = logging.getLogger(__name__)
 CLUSTERING = "clustering"
 BROADCASTING = "broadcasting"
 _GROUP_NAME = re.compile(r"^[A-Za-z0-9_.|-]{1,100}$")
-_LINK_RETRY_S = 5.0  # a broker without a lean pull port (or one that failed) is asked again after this long
 
 
 def dlq_topic(group: str) -> str:
@@ -76,36 +75,6 @@ def dlq_topic(group: str) -> str:
 def retry_topic(group: str) -> str:
     """The group's retry topic (concurrent consumers): ``%RETRY%<group>``."""
     return f"%RETRY%{group}"
-
-
-class _PullLinks:
-    """The pull thread's lean pull connections, one per broker connection it pulls through, each
-    opened when first needed. Where none could be opened, or one failed, a link is looked for
-    again after ``_LINK_RETRY_S``, or as soon as the connection has moved to another broker (a
-    group's new master)."""
-
-    def __init__(self) -> None:
-        self._links: dict[BrokerConnection, PullLink] = {}
-        self._looked: dict[BrokerConnection, tuple[float, str]] = {}  # when, at which address
-
-    def get(self, broker: BrokerConnection) -> PullLink | None:
-        link = self._links.get(broker)
-        if link is None:
-            when, address = self._looked.get(broker, (-_LINK_RETRY_S, ""))
-            if time.monotonic() - when >= _LINK_RETRY_S or broker.address != address:
-                self._looked[broker] = (time.monotonic(), broker.address)
-                link = open_pull_link(broker)
-                if link is not None:
-                    self._links[broker] = link
-        return link
-
-    def drop(self, broker: BrokerConnection) -> None:
-        self._links.pop(broker).close()
-
-    def close(self) -> None:
-        for link in self._links.values():
-            link.close()
-        self._links.clear()
 
 
 class PushConsumer(abc.ABC):
@@ -548,14 +517,14 @@ class PushConsumer(abc.ABC):
 
     def _pull_loop(self) -> None:
         idle = 0.01
-        links = _PullLinks()
+        links = PullLinkPool()
         try:
             while not self._stop.is_set():
                 with self._table_lock:
                     pqs = [pq for pq in self.table.values() if self._pullable(pq)]
                 got = False
                 for broker, its_pqs in self._by_broker(pqs):
-                    link = links.get(broker) if broker is not None else None
+                    link = links.lease(broker) if broker is not None else None
                     if link is not None:
                         got = self._pull_on_link(links, broker, link, its_pqs) or got
                     else:
@@ -588,13 +557,13 @@ class PushConsumer(abc.ABC):
             grouped.setdefault(id(broker), (broker, []))[1].append(pq)
         return list(grouped.values())
 
-    def _pull_on_link(self, links: _PullLinks, broker: BrokerConnection, link: PullLink,
+    def _pull_on_link(self, links: PullLinkPool, broker: BrokerConnection, link: PullLink,
                       pqs: list[ProcessQueue]) -> bool:
         """One pull per queue over ``broker``'s lean port, all written before the first answer is
         read: one round trip for every queue, where gRPC makes one per queue, one after the other.
         Returns whether messages came.
 
-        A failing link is dropped and the queues it did not answer are pulled over gRPC (a pull is
+        A failing link is closed and the queues it did not answer are pulled over gRPC (a pull is
         safe to repeat). So are they when the link reaches a group's slave (a failover, or a first
         address that is a slave): gRPC's connection finds the master, and the next pass opens a
         link there."""
@@ -608,23 +577,24 @@ class PushConsumer(abc.ABC):
                 except NotMasterError:
                     log.info("consumer %s: %s no longer masters its group; pulling over gRPC", self.client_id,
                              broker.address)
-                    links.drop(broker)
+                    link.close()
                     return self._pull_each(pqs[answered:]) or got
                 except OrderlyMQError as exc:  # what the broker answered (a PullPortFailure is not one)
                     answered += 1
                     if not self._pull_failed(pq, exc):  # the broker is unavailable: read past the rest
                         for _ in pqs[answered:]:
                             link.skip()
-                        return got
+                        break
                     continue
                 answered += 1
                 got = self._pulled(pq, response) or got
-            return got
         except PullPortFailure as exc:
             log.warning("consumer %s: pulling over the lean port of %s failed (%s); pulling over gRPC",
                         self.client_id, broker.address, exc)
-            links.drop(broker)
+            link.close()
             return self._pull_each(pqs[answered:]) or got
+        links.give_back(broker, link)
+        return got
 
     def _pull_each(self, pqs: list[ProcessQueue]) -> bool:
         """One pull per queue over gRPC, one after the other; whether messages came."""

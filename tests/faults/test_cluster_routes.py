@@ -299,6 +299,8 @@ def test_pull_and_concurrent_consumers_across_groups(broker_cluster):
         assert check(history.sends, pulled).ok, str(check(history.sends, pulled))
         assert sorted(h.queue_id for h in holders) == list(range(QUEUES)) and all(e > 0 for e in epochs.values())
         assert all(p.lag == 0 for p in admin.consumer_progress("puller", TOPIC))
+        by_puller = _pulls_on_masters_ports(groups, metrics)
+        assert all(by_puller.values()), f"the pull consumer pulls over every group's port: {by_puller}"
 
         seen: set[tuple[str, int]] = set()
         retried: set[tuple[str, int]] = set()
@@ -322,8 +324,9 @@ def test_pull_and_concurrent_consumers_across_groups(broker_cluster):
         finally:
             consumer.shutdown()
         assert seen == {(f"k{i % 12}", i // 12) for i in range(120)} and len(retried) == 12
-        pulled_on_port = _pulls_on_masters_ports(groups, metrics)
-        assert all(pulled_on_port.values()), f"the consumer pulls over every group's port: {pulled_on_port}"
+        on_port = _pulls_on_masters_ports(groups, metrics)
+        assert all(on_port[name] > by_puller[name] for name in on_port), \
+            f"the concurrent consumer pulls over every group's port: {by_puller} -> {on_port}"
 
 
 def _metrics_ports(groups: int, size: int) -> list[dict[int, dict]]:
