@@ -37,7 +37,7 @@ def open_pull_link(conn: BrokerConnection) -> PullLink | None:
     if not port:
         return None
     try:
-        return PullLink(conn.address.rpartition(":")[0], port, conn.timeout)
+        return PullLink(conn.address.rpartition(":")[0], port, conn.timeout, conn.address)
     except OSError:
         return None
 
@@ -45,7 +45,8 @@ def open_pull_link(conn: BrokerConnection) -> PullLink | None:
 class PullLink:
     """One pull connection; ``timeout`` bounds each wait for the broker (the reader's poll timeout)."""
 
-    def __init__(self, host: str, port: int, timeout: float) -> None:
+    def __init__(self, host: str, port: int, timeout: float, address: str = "") -> None:
+        self.address = address  # the gRPC address of the broker it reaches
         self._sock = open_lean(host, port, timeout, PULLS)
         self._timeout = timeout
         try:
@@ -117,7 +118,7 @@ class PullLinkPool:
 
     def __init__(self, max_idle: int = 4) -> None:
         self._max_idle = max_idle
-        self._idle: dict[BrokerConnection, list[PullLink]] = {}
+        self._idle: dict[BrokerConnection, list[tuple[str, PullLink]]] = {}  # (address it reaches, link)
         self._opened: dict[BrokerConnection, tuple[float, str]] = {}  # last attempt: when, at which address
         self._lock = threading.Lock()
 
@@ -125,7 +126,7 @@ class PullLinkPool:
         while True:
             with self._lock:
                 idle = self._idle.get(conn)
-                link = idle.pop() if idle else None
+                address, link = idle.pop() if idle else ("", None)
                 if link is None:
                     when, address = self._opened.get(conn, (-LINK_RETRY_S, ""))
                     if time.monotonic() - when < LINK_RETRY_S and conn.address == address:
@@ -133,21 +134,22 @@ class PullLinkPool:
                     self._opened[conn] = (time.monotonic(), conn.address)
             if link is None:
                 return open_pull_link(conn)
-            if link.idle_and_open():
+            if address == conn.address and link.idle_and_open():
                 return link
-            link.close()  # its broker stopped or restarted
+            link.close()  # its broker stopped or restarted, or is no longer the group's master
 
     def give_back(self, conn: BrokerConnection, link: PullLink) -> None:
+        """Keep ``link``, leased for ``conn`` and not moved since (no answer left unread on it)."""
         with self._lock:
             idle = self._idle.setdefault(conn, [])
             if len(idle) < self._max_idle:
-                idle.append(link)
+                idle.append((link.address, link))
                 return
         link.close()
 
     def close(self) -> None:
         with self._lock:
-            links = [link for idle in self._idle.values() for link in idle]
+            links = [link for idle in self._idle.values() for _, link in idle]
             self._idle.clear()
         for link in links:
             link.close()

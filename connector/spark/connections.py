@@ -25,7 +25,7 @@ import os
 import threading
 
 from connector.client.connection import BrokerConnection
-from connector.client.pull_port import PullLink, open_pull_link
+from connector.client.pull_port import PullLink, PullLinkPool
 from connector.client.routed import RoutedConnection
 from connector.client.send_port import SendPortClient
 from connector.spark.security import ConnectionSecurity
@@ -33,10 +33,8 @@ from connector.spark.security import ConnectionSecurity
 __all__ = ["give_back_pull_link", "lease_pull_link", "shared_connection", "shared_direct_connection",
            "shared_send_port"]
 
-_MAX_IDLE_LINKS = 4  # per broker: a process runs one task at a time, one link each
-
 _connections: dict[tuple, RoutedConnection | BrokerConnection] = {}
-_idle_links: dict[tuple[int, str, float], list[PullLink]] = {}
+_pull_links = PullLinkPool(max_idle=4)  # per connection: a process runs one task at a time, one link each
 _send_ports: dict[tuple[int, str, float], SendPortClient] = {}
 _lock = threading.Lock()
 
@@ -67,15 +65,7 @@ def _shared(kind: type, addresses: str, security: ConnectionSecurity, timeout: f
 def lease_pull_link(conn: BrokerConnection) -> PullLink | None:
     """A pull connection to the lean port of ``conn``'s broker: one handed back earlier, else a new
     one; None when the broker serves no lean port (then pulls go over gRPC)."""
-    while True:
-        with _lock:
-            idle = _idle_links.get(_link_key(conn))
-            link = idle.pop() if idle else None
-        if link is None:
-            return open_pull_link(conn)
-        if link.idle_and_open():
-            return link
-        link.close()  # its broker stopped or restarted
+    return _pull_links.lease(conn)
 
 
 def shared_send_port(conn: BrokerConnection) -> SendPortClient:
@@ -96,9 +86,4 @@ def _link_key(conn: BrokerConnection) -> tuple[int, str, float]:
 
 def give_back_pull_link(conn: BrokerConnection, link: PullLink) -> None:
     """Keep ``link`` for the next read of ``conn``'s broker in this process (no answer left unread)."""
-    with _lock:
-        idle = _idle_links.setdefault(_link_key(conn), [])
-        if len(idle) < _MAX_IDLE_LINKS:
-            idle.append(link)
-            return
-    link.close()
+    _pull_links.give_back(conn, link)
