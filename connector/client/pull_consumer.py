@@ -165,7 +165,7 @@ class PullConsumer:
             response = link.receive()
         except (PullPortFailure, NotMasterError) as exc:
             log.info("pulling over the lean port of %s failed (%s); pulling over gRPC", broker.address, exc)
-            link.close()
+            self._links.discard(broker, link)
             return None
         except OrderlyMQError:  # the broker's answer, read: the link goes on
             self._links.give_back(broker, link)

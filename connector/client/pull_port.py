@@ -110,16 +110,16 @@ class PullLinkPool:
     """A client's idle pull links, per broker connection (a group's, which follows its master),
     leased for one pull or one pass over queues and handed back when no answer is left unread.
 
-    A connection with no idle link gets a new one. Where none could be opened (no lean port: TLS,
-    access control; or the broker is down), one is looked for again after ``LINK_RETRY_S``, or as
-    soon as the connection moved to another broker (a group's new master). Thread-safe: threads
-    pulling at once each lease a link of their own.
+    A lease with no idle link opens a new one: threads pulling at once each get their own. Where
+    none could be opened (no lean port: TLS, access control; or the broker is down) or a leased one
+    failed (``discard``), none is opened for ``LINK_RETRY_S``, unless the connection moved to
+    another broker meanwhile (a group's new master). Thread-safe.
     """
 
     def __init__(self, max_idle: int = 4) -> None:
         self._max_idle = max_idle
         self._idle: dict[BrokerConnection, list[tuple[str, PullLink]]] = {}  # (address it reaches, link)
-        self._opened: dict[BrokerConnection, tuple[float, str]] = {}  # last attempt: when, at which address
+        self._failed: dict[BrokerConnection, tuple[float, str]] = {}  # the last failure: when, at which address
         self._lock = threading.Lock()
 
     def lease(self, conn: BrokerConnection) -> PullLink | None:
@@ -128,24 +128,34 @@ class PullLinkPool:
                 idle = self._idle.get(conn)
                 address, link = idle.pop() if idle else ("", None)
                 if link is None:
-                    when, address = self._opened.get(conn, (-LINK_RETRY_S, ""))
+                    when, address = self._failed.get(conn, (-LINK_RETRY_S, ""))
                     if time.monotonic() - when < LINK_RETRY_S and conn.address == address:
                         return None
-                    self._opened[conn] = (time.monotonic(), conn.address)
             if link is None:
-                return open_pull_link(conn)
+                address = conn.address
+                link = open_pull_link(conn)
+                if link is None:
+                    with self._lock:
+                        self._failed[conn] = (time.monotonic(), address)
+                return link
             if address == conn.address and link.idle_and_open():
                 return link
             link.close()  # its broker stopped or restarted, or is no longer the group's master
 
     def give_back(self, conn: BrokerConnection, link: PullLink) -> None:
-        """Keep ``link``, leased for ``conn`` and not moved since (no answer left unread on it)."""
+        """Keep ``link``, leased for ``conn`` (no answer left unread on it)."""
         with self._lock:
             idle = self._idle.setdefault(conn, [])
             if len(idle) < self._max_idle:
                 idle.append((link.address, link))
                 return
         link.close()
+
+    def discard(self, conn: BrokerConnection, link: PullLink) -> None:
+        """Close ``link``, leased for ``conn``, which failed or reached a group's slave."""
+        link.close()
+        with self._lock:
+            self._failed[conn] = (time.monotonic(), link.address)
 
     def close(self) -> None:
         with self._lock:

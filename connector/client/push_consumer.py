@@ -577,7 +577,7 @@ class PushConsumer(abc.ABC):
                 except NotMasterError:
                     log.info("consumer %s: %s no longer masters its group; pulling over gRPC", self.client_id,
                              broker.address)
-                    link.close()
+                    links.discard(broker, link)
                     return self._pull_each(pqs[answered:]) or got
                 except OrderlyMQError as exc:  # what the broker answered (a PullPortFailure is not one)
                     answered += 1
@@ -591,7 +591,7 @@ class PushConsumer(abc.ABC):
         except PullPortFailure as exc:
             log.warning("consumer %s: pulling over the lean port of %s failed (%s); pulling over gRPC",
                         self.client_id, broker.address, exc)
-            link.close()
+            links.discard(broker, link)
             return self._pull_each(pqs[answered:]) or got
         links.give_back(broker, link)
         return got

@@ -16,7 +16,7 @@ from broker.wire.frames import HELLO_SIZE, PULLS, SENDS, VERSION, hello
 from broker.wire.pull_response import decode_pull_response
 from connector.client.connection import BrokerConnection
 from connector.client.lean_port import WrongVersionError
-from connector.client.pull_port import PullLink, PullPortFailure, open_pull_link
+from connector.client.pull_port import LINK_RETRY_S, PullLink, PullLinkPool, PullPortFailure, open_pull_link
 from tests.broker.test_send_port import Raw, _send_port
 from tests.faults.workload import body
 
@@ -160,3 +160,29 @@ def test_no_link_without_the_port(broker_factory):
     broker = broker_factory(send_port=-1)
     with BrokerConnection(broker.address) as conn:
         assert open_pull_link(conn) is None
+
+
+def test_a_link_pool_reuses_idle_links_and_asks_a_broker_without_a_port_again_only_later(broker_factory):
+    """Idle links are leased again; a broker serving no lean port, or whose link failed, is asked
+    again only later, not at every lease."""
+    with_port, without = broker_factory(), broker_factory(send_port=-1)
+    pool = PullLinkPool()
+    with BrokerConnection(with_port.address) as conn, BrokerConnection(without.address) as bare:
+        link = pool.lease(conn)
+        pool.give_back(conn, link)
+        assert pool.lease(conn) is link
+        other = pool.lease(conn)
+        assert other not in (None, link), "a thread pulling meanwhile gets a link of its own"
+        pool.discard(conn, other)  # it failed
+        assert pool.lease(conn) is None, f"no new link within {LINK_RETRY_S} s of a failure"
+        pool.give_back(conn, link)
+        assert pool.lease(conn) is link, "an idle link is still leased"
+        asked = _health_calls(without)
+        assert pool.lease(bare) is None and pool.lease(bare) is None
+        assert _health_calls(without) == asked + 1, f"asked again within {LINK_RETRY_S} s"
+    pool.close()
+
+
+def _health_calls(broker) -> float:
+    return broker.service.metrics.registry.get_sample_value(
+        "orderlymq_rpc_duration_seconds_count", {"method": "Health"}) or 0
