@@ -146,6 +146,12 @@ def value(samples: dict, name: str, **labels) -> float:
     return samples.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
+def served_calls(broker, method: str) -> float:
+    """How many ``method`` calls an in-process broker (``broker_factory``) answered."""
+    return broker.service.metrics.registry.get_sample_value(
+        "orderlymq_rpc_duration_seconds_count", {"method": method}) or 0
+
+
 def port_calls(metrics_port: int, method: str) -> float:
     """How many ``method`` calls (``SendPort``, ``PullPort``: the lean port's) a broker answered."""
     return value(scrape(metrics_port), "orderlymq_rpc_duration_seconds_count", method=method)

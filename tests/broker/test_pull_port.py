@@ -19,6 +19,7 @@ from connector.client.lean_port import WrongVersionError
 from connector.client.pull_port import LINK_RETRY_S, PullLink, PullLinkPool, PullPortFailure, open_pull_link
 from tests.broker.test_send_port import Raw, _send_port
 from tests.faults.workload import body
+from tests.support import served_calls
 
 QUEUE_MESSAGES = 2_800
 
@@ -177,12 +178,7 @@ def test_a_link_pool_reuses_idle_links_and_asks_a_broker_without_a_port_again_on
         assert pool.lease(conn) is None, f"no new link within {LINK_RETRY_S} s of a failure"
         pool.give_back(conn, link)
         assert pool.lease(conn) is link, "an idle link is still leased"
-        asked = _health_calls(without)
+        asked = served_calls(without, "Health")
         assert pool.lease(bare) is None and pool.lease(bare) is None
-        assert _health_calls(without) == asked + 1, f"asked again within {LINK_RETRY_S} s"
+        assert served_calls(without, "Health") == asked + 1, f"asked again within {LINK_RETRY_S} s"
     pool.close()
-
-
-def _health_calls(broker) -> float:
-    return broker.service.metrics.registry.get_sample_value(
-        "orderlymq_rpc_duration_seconds_count", {"method": "Health"}) or 0

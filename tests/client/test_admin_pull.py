@@ -17,6 +17,7 @@ from connector.errors import (
     TopicExistsError,
     TopicNotFoundError,
 )
+from tests.support import served_calls
 
 from .helpers import send_keyed
 
@@ -56,11 +57,6 @@ def test_consumer_progress_shows_offsets_lag_and_lock_holder(broker, admin, prod
     assert holders[0].epoch >= 1
 
 
-def _pulls(broker, method: str) -> float:
-    return broker.service.metrics.registry.get_sample_value(
-        "orderlymq_rpc_duration_seconds_count", {"method": method}) or 0
-
-
 def test_pull_returns_messages_in_queue_order(broker, admin, producer, topic_name):
     """Over the broker's lean port, the errors too; every key in order."""
     admin.create_topic(topic_name, 1)
@@ -68,7 +64,7 @@ def test_pull_returns_messages_in_queue_order(broker, admin, producer, topic_nam
     with PullConsumer(broker.address) as consumer:
         first = consumer.pull(topic_name, 0, 0, 7)
         rest = consumer.pull(topic_name, 0, first.next_offset, 100)
-        assert (_pulls(broker, "PullPort"), _pulls(broker, "Pull")) == (2, 0)
+        assert (served_calls(broker, "PullPort"), served_calls(broker, "Pull")) == (2, 0)
         assert [m.queue_offset for m in [*first, *rest]] == list(range(20))
         assert [int(m.body) for m in [*first, *rest] if m.key == "a"] == list(range(10))
         assert (len(first), first.next_offset, rest.max_offset, rest.lag) == (7, 7, 20, 0)
@@ -90,7 +86,7 @@ def test_pull_with_tag_filter_and_long_poll(broker, admin, producer, topic_name)
         assert result.next_offset == 5
         empty = consumer.pull(topic_name, 0, 5, 10, wait_ms=50)
         assert (len(empty), empty.next_offset) == (0, 5)
-        assert _pulls(broker, "Pull") == 1, "a long poll goes over gRPC"
+        assert served_calls(broker, "Pull") == 1, "a long poll goes over gRPC"
 
 
 def test_assign_poll_seek_and_commit(broker, admin, producer, topic_name):

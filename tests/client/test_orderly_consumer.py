@@ -21,7 +21,7 @@ from connector.client import (
     dlq_topic,
 )
 from connector.errors import InvalidOptionError, TopicNotFoundError
-from tests.support import wait_until
+from tests.support import served_calls, wait_until
 
 from .helpers import FAST, FAST_BROKER, OrderLog, send_keyed
 
@@ -60,23 +60,19 @@ def test_pulls_of_every_queue_go_together_over_the_lean_port(fast_broker, topic_
     """A consumer's pulls of all its queues are written on the broker's lean pull port before the
     first answer is read (gRPC: one round trip per queue); every key still in order."""
 
-    def pulls(method: str) -> float:
-        return fast_broker.service.metrics.registry.get_sample_value(
-            "orderlymq_rpc_duration_seconds_count", {"method": method}) or 0
-
     with Admin(fast_broker.address) as admin, Producer(fast_broker.address) as producer:
         admin.create_topic(topic_name, 4)
         expected = send_keyed(producer, topic_name, [f"order-{i}" for i in range(20)], 50)
         log = OrderLog()
-        grpc_pulls = pulls("Pull")
+        grpc_pulls = served_calls(fast_broker, "Pull")
         consumer = start_consumer(fast_broker.address, topic_name, "g", log.listener("c1"), "c1", pull_batch_size=8)
         try:
             assert wait_until(lambda: log.has_all(expected))
             assert log.check(expected) == 0
         finally:
             consumer.shutdown()
-    assert pulls("PullPort") >= 1000 / 8, "the pulls went over the lean port"
-    assert pulls("Pull") == grpc_pulls
+    assert served_calls(fast_broker, "PullPort") >= 1000 / 8, "the pulls went over the lean port"
+    assert served_calls(fast_broker, "Pull") == grpc_pulls
 
 
 def test_three_instances_join_and_leave_mid_stream(fast_broker, topic_name, record_property):

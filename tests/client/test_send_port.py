@@ -25,12 +25,7 @@ from connector.client.send_port import SendPortClient
 from connector.errors import SendOutcomeUnknownError
 from connector.history import History
 from tests.faults.workload import body, stored_deliveries
-from tests.support import wait_until
-
-
-def _port_sends(broker, method: str = "SendPort") -> float:
-    return broker.service.metrics.registry.get_sample_value(
-        "orderlymq_rpc_duration_seconds_count", {"method": method}) or 0
+from tests.support import served_calls, wait_until
 
 
 def _freeze(pid: int) -> None:
@@ -66,7 +61,7 @@ def test_sync_sends_on_the_port_keep_each_keys_order_beside_pipelined_and_batch_
             t.start()
         for t in threads:
             t.join()
-    assert _port_sends(broker) > 0, "synchronous sends to an idle queue take the send port"
+    assert served_calls(broker, "SendPort") > 0, "synchronous sends to an idle queue take the send port"
     verdict = _verdict(broker.address, topic_name, history)
     assert verdict.ok and verdict.deliveries == 8 * 120, verdict
 
@@ -91,7 +86,7 @@ def test_threads_sending_on_shared_queues_take_the_port_in_turn(broker, topic_na
             t.start()
         for t in workers:
             t.join()
-    assert _port_sends(broker) == threads * 3 * rounds, "every send went over the port"
+    assert served_calls(broker, "SendPort") == threads * 3 * rounds, "every send went over the port"
     verdict = _verdict(broker.address, topic_name, history)
     assert verdict.ok and verdict.deliveries == threads * 3 * rounds, verdict
 
@@ -146,7 +141,7 @@ def test_a_broker_without_the_port_gets_the_sends_over_grpc(broker_factory, topi
         for seq in range(20):
             assert producer.send(topic_name, body("k", seq), key="k").queue_offset == seq
             history.sent("k", seq, acked=True)
-    assert _port_sends(broker) == 0
+    assert served_calls(broker, "SendPort") == 0
     verdict = _verdict(broker.address, topic_name, history)
     assert verdict.ok and verdict.deliveries == 20, verdict
 
@@ -190,7 +185,7 @@ def test_sends_take_the_port_of_a_broker_restarted_between_them_at_once(broker_f
         for seq in range(10):
             producer.send(topic_name, body("k", seq), key="k")
             history.sent("k", seq, acked=True)
-        assert _port_sends(first) == 10
+        assert served_calls(first, "SendPort") == 10
         first.stop()
         second = start_broker(BrokerConfig(port=first.port, data_dir=first.config.data_dir))
         try:
@@ -198,7 +193,7 @@ def test_sends_take_the_port_of_a_broker_restarted_between_them_at_once(broker_f
                 producer.send(topic_name, body("k", seq), key="k")
                 history.sent("k", seq, acked=True)
             assert second.send_port.port != first.send_port.port
-            assert (_port_sends(second), _port_sends(second, "Send")) == (10, 0)
+            assert (served_calls(second, "SendPort"), served_calls(second, "Send")) == (10, 0)
             verdict = _verdict(second.address, topic_name, history)
             assert verdict.ok and verdict.deliveries == 20, verdict
         finally:
@@ -275,8 +270,8 @@ def test_pipelined_batches_take_the_port_and_keep_each_keys_order(broker, topic_
             assert future.result().queue_offset >= 0
             history.sent("a", seq, acked=True)
         _send_keyed_batches(producer, topic_name, history, keys, 40)
-    assert _port_sends(broker) > 40, "batches go over the send port"
-    assert _port_sends(broker, "SendStream") == 0, "no batch went over a gRPC stream"
+    assert served_calls(broker, "SendPort") > 40, "batches go over the send port"
+    assert served_calls(broker, "SendStream") == 0, "no batch went over a gRPC stream"
     verdict = _verdict(broker.address, topic_name, history)
     assert verdict.ok and verdict.deliveries == 500 + 50 * 40, verdict
 
