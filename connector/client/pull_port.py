@@ -128,8 +128,8 @@ class PullLinkPool:
                 idle = self._idle.get(conn)
                 address, link = idle.pop() if idle else ("", None)
                 if link is None:
-                    when, address = self._failed.get(conn, (-LINK_RETRY_S, ""))
-                    if time.monotonic() - when < LINK_RETRY_S and conn.address == address:
+                    failed_at, failed_address = self._failed.get(conn, (-LINK_RETRY_S, ""))
+                    if time.monotonic() - failed_at < LINK_RETRY_S and conn.address == failed_address:
                         return None
             if link is None:
                 address = conn.address
