@@ -336,9 +336,9 @@ def _metrics_ports(groups: int, size: int) -> list[dict[int, dict]]:
 
 def _pulls_on_masters_ports(groups, metrics: list[dict[int, dict]]) -> dict[str, float]:
     """The pulls each group's master now answered on its lean port."""
-    masters = {group.name: (group, group.wait_for_master()) for group in groups}
-    return {name: port_calls(metrics[groups.index(group)][group.brokers.index(master)]["metrics_port"], "PullPort")
-            for name, (group, master) in masters.items()}
+    return {group.name: port_calls(settings_of[group.brokers.index(group.wait_for_master())]["metrics_port"],
+                                   "PullPort")
+            for group, settings_of in zip(groups, metrics, strict=True)}
 
 
 def _delivery(message) -> Delivery:
