@@ -105,6 +105,7 @@ class QueueLog:
         self._producers: OrderedDict[int, OrderedDict[int, AppendResult]] = OrderedDict()
         self._visible: int | None = None  # None: every stored message is visible (see hold_back)
         self._examined: set[int] = set()  # base offsets of the segments compaction looked at
+        self._rolled: list[Segment] = []  # closed, not yet fsynced nor indexed (flush = "async"), oldest first
         directory.mkdir(parents=True, exist_ok=True)
         self.segments: list[Segment] = self._open_segments()
 
@@ -121,10 +122,16 @@ class QueueLog:
         if not segments:
             return [self._segment(0)]
         for i, seg in enumerate(segments):
-            if i == len(segments) - 1 or not seg.load_index():
+            last = i == len(segments) - 1
+            if last or not seg.load_index():
+                flushed = seg.index_path.exists()  # a rolled segment is indexed once a flush made it durable
                 report = seg.recover(verify_crc=True)
                 if report:
-                    self._report_cut(report, segments[i + 1].base_offset if i + 1 < len(segments) else -1)
+                    self._report_cut(report, -1 if last else segments[i + 1].base_offset)
+                if not (last or flushed) and seg.next_offset < segments[i + 1].base_offset:
+                    self._drop_after_unflushed(seg, segments[i + 1:])
+                    segments = segments[:i + 1]
+                    break
         kept = [segments[0]]
         for seg in segments[1:]:
             if seg.base_offset < kept[-1].next_offset:  # overlaps what precedes it: cannot be placed
@@ -136,6 +143,18 @@ class QueueLog:
         for seg in kept[-2:]:
             self._rebuild_producers(seg)
         return kept
+
+    def _drop_after_unflushed(self, unflushed: Segment, later: list[Segment]) -> None:
+        """Remove the segments after one rolled but never flushed before a crash that lost its
+        tail (cut, or never written: ``flush = "async"``). What they hold was written after that
+        tail, and kept they would leave a hole; the queue continues where that segment ends."""
+        log.warning("queue %s: %s was never flushed and lost offsets %d..%d; the %d segment(s) after it are removed "
+                    "and the queue continues at offset %d", self._name, unflushed.path.name, unflushed.next_offset,
+                    later[0].base_offset - 1, len(later), unflushed.next_offset)
+        for seg in later:
+            self._report_cut(CutReport(str(seg.path), 0, seg.path.stat().st_size,
+                                       "follows a segment cut before it was ever flushed", seg.base_offset), -1)
+            seg.delete()
 
     def _segment(self, base_offset: int, path: Path | None = None) -> Segment:
         path = self.directory / Segment.file_name(base_offset) if path is None else path
@@ -320,6 +339,7 @@ class QueueLog:
                 return self.max_offset
             while len(self.segments) > 1 and self.segments[-1].base_offset >= offset:
                 self.segments.pop().delete()
+            self._forget_removed_rolled()  # the segment cut is the active one again
             self.segments[-1].truncate_at(offset)
             self._producers.clear()
             for seg in self.segments[-2:]:
@@ -340,6 +360,7 @@ class QueueLog:
             for seg in self.segments:
                 seg.delete()
             self.segments = [self._segment(offset)]
+            self._rolled.clear()
             self._producers.clear()
             if self._visible is not None:
                 self._visible = offset
@@ -355,32 +376,64 @@ class QueueLog:
         return f"{self.directory.parent.name}/{self.directory.name}"
 
     def _roll(self) -> Segment:
-        """Close the active segment and start the next; on failure nothing changed."""
+        """Close the active segment and start the next; on failure nothing changed. With
+        ``flush = "async"`` the closed segment is fsynced and indexed by the next flush, off the
+        append path: an fsync of a whole segment under the lock would stall every send to the
+        queue meanwhile. Until then it has no index, so a restart scans and checks it."""
         closed = self.segments[-1]
-        try:
+        if self.sync:  # its records were fsynced one by one: this makes its directory entry durable
             closed.sync()
-        except OSError as exc:
-            if not self.sync:  # it held sends acknowledged before any fsync
-                self._lose_unsynced(closed, exc)
-            raise
-        closed.write_index()
+            closed.write_index()
+        else:
+            self._rolled.append(closed)
+            self.dirty = True
         seg = self._segment(closed.next_offset)
         self.segments.append(seg)
         return seg
 
     def flush(self) -> None:
-        """fsync what was appended since the last flush; a failure is recorded in ``lost_writes``
-        and raised, never retried."""
+        """fsync what was appended since the last flush, segments rolled meanwhile first; a
+        failure is recorded in ``lost_writes`` and raised, never retried."""
         if not self.dirty:
             return
         self.dirty = False
-        active = self.segments[-1]
+        active = self._sync_rolled()
         try:
             active.sync()
         except OSError as exc:
             with self._lock:
                 self._lose_unsynced(active, exc)
             raise
+
+    def _sync_rolled(self) -> Segment:
+        """fsync the segments rolled since the last flush, oldest first, then write each one's
+        index: a restart trusts an index only for a segment that was durable when it was written.
+        Returns the segment active then: fsynced before one rolled later, it would leave a hole
+        after a power cut where that one's unsynced tail was."""
+        with self._lock:
+            rolled, self._rolled = self._rolled, []
+            active = self.segments[-1]
+        for segment in rolled:
+            self._sync_one_rolled(segment)
+        return active
+
+    def _sync_one_rolled(self, segment: Segment) -> None:
+        try:
+            segment.sync()
+        except SegmentClosedError:
+            return  # retention, a truncation or a topic's delete removed it meanwhile
+        except OSError as exc:
+            with self._lock:
+                if segment in self.segments:
+                    self._lose_unsynced(segment, exc)
+            raise
+        try:
+            segment.write_index()
+        except OSError as exc:  # the restart scans the segment instead
+            log.warning("could not write the index of %s (%s): a restart scans the segment", segment.path, exc)
+        with self._lock:
+            if segment not in self.segments:  # removed while its index was written: no index left behind
+                segment.index_path.unlink(missing_ok=True)
 
     def secure(self) -> None:
         """Once another queue lost writes: fsync what this one appended, or cut it back where
@@ -389,9 +442,15 @@ class QueueLog:
             self.flush()
 
     def _lose_unsynced(self, segment: Segment, exc: OSError) -> None:
-        """A failed fsync of ``segment`` (the queue's lock held): see ``broker.storage.lost_writes``."""
+        """A failed fsync of ``segment`` (the queue's lock held): see ``broker.storage.lost_writes``.
+        The segments after it go too (a rolled one's fsync failed): kept, they would sit behind a hole."""
         self.lost_writes.record(str(segment.path), exc)
-        lost_from = segment.next_offset
+        if segment not in self.segments:  # removed meanwhile (a truncation): nothing of it is served
+            return
+        lost_from = self.max_offset
+        while self.segments[-1] is not segment:
+            self.segments.pop().delete()
+        self._forget_removed_rolled()
         segment.drop_unsynced()
         self.dirty = False
         if segment.next_offset < lost_from:
@@ -399,6 +458,9 @@ class QueueLog:
                          segment.next_offset, lost_from - 1)
 
     # -- reading -------------------------------------------------------------------------------
+
+    def _forget_removed_rolled(self) -> None:
+        self._rolled = [seg for seg in self._rolled if seg in self.segments[:-1]]
 
     def wait_for_data(self, offset: int, timeout_s: float) -> bool:
         """Block until a message at ``offset`` exists or ``timeout_s`` passes (long poll)."""
@@ -530,11 +592,15 @@ class QueueLog:
             return 0  # nothing more is written to a disk that lost writes
         if idle_ms:
             self._close_idle(idle_ms)
+        try:  # what compaction rewrites is made durable: the older segments before it
+            self._sync_rolled()
+        except OSError:
+            return 0  # recorded in lost_writes
         rewritten = 0
         for seg in self.segments[:-1]:
             if self._closed:
                 break
-            if seg.base_offset in self._examined:
+            if seg.base_offset in self._examined or seg in self._rolled:  # a rolled one: after its flush
                 continue
             self._examined.add(seg.base_offset)
             side = seg.path.with_suffix(".compact")
@@ -611,6 +677,7 @@ class QueueLog:
                 self.segments.pop(0)
                 removed += oldest.next_offset - oldest.base_offset
                 oldest.delete()  # reads on it keep its file until they end
+            self._forget_removed_rolled()
         if removed:
             fsync_dir(self.directory)  # else a power cut can bring the deleted segments back
             log.info("retention removed %d messages from %s (now from offset %d)", removed, self.directory, self.min_offset)
@@ -622,6 +689,9 @@ class QueueLog:
                 return
             self._closed = True
             if self.lost_writes.reason is None:  # else secured already, or cut back
+                for seg in self._rolled:
+                    seg.sync()
+                    seg.write_index()
                 self.segments[-1].sync()
             for seg in self.segments:
                 seg.close()

@@ -146,6 +146,32 @@ def test_async_flush_stops_at_a_failed_fsync_and_leaves_no_hole(fs, tmp_path, fa
         proc.kill9()
 
 
+def test_async_flush_stops_at_a_failed_fsync_of_a_rolled_segment(fs, tmp_path, fault_report):
+    """With ``flush = "async"`` a segment that filled up is fsynced by the next flush, not by the
+    send that filled it. When that fsync fails, the broker stops as at any failed flush, and the
+    segments rolled after it go too: kept, they would sit behind a hole. A segment per record
+    here, so that the first fsync of the first flush after the restart is of a rolled segment."""
+    proc = _broker(fs, tmp_path, flush="async", flush_interval_ms=FLUSH_MS, segment_bytes=1)
+    acked: dict[str, int] = {}
+    try:
+        with Producer(proc.address, retry_timeout=5) as producer:
+            _send_rounds(producer, acked, 3)
+        before = dict(acked)
+        assert proc.stop() == 0  # every file fsynced
+        proc.start()
+        fs.fail_fsyncs(1)
+        with Producer(proc.address, retry_timeout=5) as producer:
+            assert wait_until(lambda: _send_rounds(producer, acked, 1), 60), "the broker went on"
+        failed = re.search(r"an fsync of \S*?(\d+)\.log failed", proc.log_text())
+        dropped = re.search(r"offsets (\d+)\.\.(\d+) were acknowledged but not fsynced", proc.log_text())
+        assert failed and dropped, proc.log_text()[-2000:]
+        assert int(dropped[2]) > int(failed[1]), "the segments rolled after the failed one were dropped too"
+        _judge_stop(fs, proc, acked, before, "stopped: an fsync of", fault_report,
+                    "a failed fsync of a rolled segment, async flush")
+    finally:
+        proc.kill9()
+
+
 def test_async_flush_stops_at_a_failed_fsync_of_a_file_closed_for_room(fs, tmp_path, fault_report):
     """More queues written within one flush interval than the broker may keep files open
     (``broker.storage.open_files``): it fsyncs files early to close them. When such an fsync fails,

@@ -30,6 +30,7 @@ from tests.faults.power_loss import PowerRun, broker_on, power_loss_run
 from tests.support import pull_all, send_rows, wait_until
 
 SHORT_FLUSH_MS = 200
+SMALL_SEGMENT_BYTES = 4096  # a roll every few sends
 NEVER_FLUSH_MS = 3_600_000  # far longer than any run: nothing acknowledged is fsynced between two cuts
 
 
@@ -126,10 +127,15 @@ def test_power_cuts_lose_what_async_flush_acknowledged_before_fsync(tmp_path, fa
     _assert_order_and_uniqueness(run)
 
 
-def test_power_cuts_with_async_flush_report_loss_against_the_flush_interval(tmp_path, fault_report):
-    run = _run(tmp_path, PROFILE.power_cuts_async, flush="async", flush_interval_ms=SHORT_FLUSH_MS)
+@pytest.mark.parametrize("segment_bytes", [None, SMALL_SEGMENT_BYTES], ids=["one-segment", "small-segments"])
+def test_power_cuts_with_async_flush_report_loss_against_the_flush_interval(tmp_path, fault_report, segment_bytes):
+    """With small segments, each cut finds segments rolled since the last flush, neither fsynced
+    nor indexed: the restart checks them all, and order and uniqueness hold."""
+    sizes = {} if segment_bytes is None else {"segment_bytes": segment_bytes}
+    run = _run(tmp_path, PROFILE.power_cuts_async, flush="async", flush_interval_ms=SHORT_FLUSH_MS, **sizes)
     bound = [c.acks_in_flush_window for c in run.cuts]
-    fault_report(f"11 power cuts, async flush every {SHORT_FLUSH_MS} ms", {"log": run.final},
+    fault_report(f"11 power cuts, async flush every {SHORT_FLUSH_MS} ms, segments of {segment_bytes or 'default'} "
+                 "bytes", {"log": run.final},
                  acks_within_flush_interval_before_each_cut=bound, **_figures(run))
     assert len(run.cuts) >= PROFILE.power_cuts_async
     _assert_order_and_uniqueness(run)
