@@ -6,8 +6,9 @@ were acknowledged already; retrying the flush would call them durable, and every
 after them would sit behind a hole that a power cut turns into a cut of the queue at restart,
 losing sends acknowledged long after the failure. So a failed flush is never retried:
 
-- the queue's segment is cut back to what its last successful fsync made durable (the sends
-  acknowledged since are lost, the loss ``flush = "async"`` allows on a power cut);
+- the queue's segment is cut back to what its last successful fsync made durable, and the
+  segments rolled after it are removed (the sends acknowledged since are lost, the loss
+  ``flush = "async"`` allows on a power cut);
 - every other queue is fsynced one last time, and cut back the same way where that fails too;
 - every later append is refused (``BrokerUnavailableError``: clients resend once the broker is
   back), and ``happened`` is set: the broker process stops with exit code 1, for the disk to be
