@@ -31,7 +31,8 @@ from broker.config import BrokerConfig
 from broker.framed_connection import FramedConnection
 from broker.proto import orderlymq_pb2 as pb
 from broker.pull_port import PullConnection
-from broker.wire.frames import HELLO_SIZE, LENGTH, PULLS, SENDS, VERSION, hello, parse_hello
+from broker.replica_port import ReplicaConnection
+from broker.wire.frames import HELLO_SIZE, LENGTH, PULLS, REPLICAS, SENDS, VERSION, hello, parse_hello
 
 __all__ = ["SendPort", "serve_send_port", "serves_send_port"]
 
@@ -190,4 +191,4 @@ class _SendConnection(FramedConnection):
                           "(max_request_bytes); send smaller batches"), 0, time.perf_counter())
 
 
-_CONNECTIONS = {SENDS: _SendConnection, PULLS: PullConnection}
+_CONNECTIONS = {SENDS: _SendConnection, PULLS: PullConnection, REPLICAS: ReplicaConnection}

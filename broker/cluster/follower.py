@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-import queue as queue_mod
 import threading
 import time
 
@@ -25,6 +24,7 @@ import grpc
 
 from broker.cluster import lease_clock
 from broker.cluster.epochs import EpochHistory, queue_key, truncation_points
+from broker.cluster.fetches import GrpcFetches, LeanFetches
 from broker.cluster.link import ReplicationLink
 from broker.cluster.replication import MAX_RESPONSE_BYTES
 from broker.cluster.txnlog import apply_changes
@@ -46,6 +46,8 @@ _REFUSED_RETRY_S = 2.0
 # unanswered this long means a connection gone silent (a half-open TCP connection never breaks by
 # itself), so the stream is dropped and dialed afresh.
 _ANSWER_TIMEOUT_S = 15.0
+_HEALTH_TIMEOUT_S = 2.0  # asking the master for its lean port
+_LEAN_RETRY_S = 10.0  # replication that fell back to gRPC tries the lean port again after this long
 
 
 class CampaignPromise:
@@ -83,7 +85,7 @@ class ReplicaFetcher(threading.Thread):
         self.promise = promise
         self.link = link or ReplicationLink()
         self._stopped = threading.Event()
-        self._call: grpc.Future | None = None
+        self._call: LeanFetches | GrpcFetches | None = None  # the fetches under way: cancel() ends them
         self._asked_at: float | None = None  # when the fetch now unanswered was sent
         self._offsets_version = 0
         self._txn_seq = 0
@@ -114,8 +116,12 @@ class ReplicaFetcher(threading.Thread):
                     self._stopped.wait(_REFUSED_RETRY_S)
                 else:
                     log.info("replication from %s: %s; retrying", self.master_address, err.details() or err.code())
+            except NotMasterError as exc:  # said on the lean port
+                self.promise.release()
+                log.info("replication from %s: %s; retrying", self.master_address, exc)
             except (OrderlyMQError, OSError) as exc:
-                log.warning("replication from %s failed: %s; retrying", self.master_address, exc)
+                if not self._stopped.is_set():  # else stop() ended the lean connection
+                    log.warning("replication from %s failed: %s; retrying", self.master_address, exc)
             except Exception:  # noqa: BLE001 - the fetcher must outlive any one bad answer
                 log.exception("replication from %s failed; retrying", self.master_address)
             self._stopped.wait(_RETRY_S)
@@ -130,33 +136,49 @@ class ReplicaFetcher(threading.Thread):
                 call.cancel()
 
     def _follow(self) -> None:
-        requests: queue_mod.SimpleQueue = queue_mod.SimpleQueue()
         with self.link.channel(self.master_address) as channel:
-            call = pb_grpc.ReplicationStub(channel).Replicate(iter(requests.get, None), metadata=self.link.metadata())
-            self._call = call
+            fetches, lean_failed = self._open_fetches(channel)
+            self._call = fetches
+            # Over gRPC because the lean port failed: the stream ends after a while, to try it again.
+            until = time.monotonic() + _LEAN_RETRY_S if lean_failed else float("inf")
             try:
                 if self._stopped.is_set():
                     return
-                self._ask(requests, pb.ReplicaFetch(broker_id=self.broker_id, group_epoch=self.epoch, handshake=True))
-                self._truncate(json.loads(self._receive(call).epoch_history))
-                while not self._stopped.is_set():
-                    self._ask(requests, self._fetch())
-                    answer = self._receive(call)
+                handshake = pb.ReplicaFetch(broker_id=self.broker_id, group_epoch=self.epoch, handshake=True)
+                self._truncate(json.loads(self._exchange(fetches, handshake).epoch_history))
+                while not self._stopped.is_set() and time.monotonic() < until:
+                    answer = self._exchange(fetches, self._fetch())
                     self._apply(answer)
                     if sum(len(r.frames) for r in answer.records) < MAX_RESPONSE_BYTES:
                         self.history.mark_caught_up()  # the answer was not cut short: it held all the master had
                     self.applied.set()
             finally:
-                requests.put(None)
-                call.cancel()
+                fetches.close()
                 self._call = self._asked_at = None
 
-    def _ask(self, requests: queue_mod.SimpleQueue, fetch: pb.ReplicaFetch) -> None:
-        self._asked_at = time.monotonic()
-        requests.put(fetch)
+    def _open_fetches(self, channel: grpc.Channel) -> tuple[LeanFetches | GrpcFetches, bool]:
+        """Over the master's lean port where the link may (plaintext, no credentials) and the master
+        serves one; else, or when that fails (then True), over gRPC."""
+        port = self._lean_port(channel) if self.link.plain else 0
+        if port:
+            try:
+                return LeanFetches(self.master_address.rpartition(":")[0], port), False
+            except OSError as exc:
+                log.info("replication from %s over its lean port %d failed (%s); over gRPC for %.0f s",
+                         self.master_address, port, exc, _LEAN_RETRY_S)
+                return GrpcFetches(channel, self.link.metadata()), True
+        return GrpcFetches(channel, self.link.metadata()), False
 
-    def _receive(self, call) -> pb.ReplicaData:
-        answer = next(call)
+    @staticmethod
+    def _lean_port(channel: grpc.Channel) -> int:
+        try:
+            return pb_grpc.OrderlyMQStub(channel).Health(pb.HealthRequest(), timeout=_HEALTH_TIMEOUT_S).send_port
+        except grpc.RpcError:
+            return 0  # the stream's call says what is wrong
+
+    def _exchange(self, fetches: LeanFetches | GrpcFetches, fetch: pb.ReplicaFetch) -> pb.ReplicaData:
+        self._asked_at = time.monotonic()
+        answer = fetches.exchange(fetch)
         self._asked_at = None
         self.promise.renew()  # before the next fetch tells the master it was received
         return answer

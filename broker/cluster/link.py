@@ -59,6 +59,11 @@ class ReplicationLink:
         link.metadata()
         return link
 
+    @property
+    def plain(self) -> bool:
+        """Plaintext with no credentials: the master's lean port (which has neither) may carry it."""
+        return self.tls is None and not self.access_key
+
     def credentials(self) -> grpc.ChannelCredentials:
         """The channel's TLS credentials, the PEM files read now (renewed files apply to the next link)."""
         return channel_credentials(self.tls, names=self.tls_settings)

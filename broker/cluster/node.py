@@ -55,7 +55,7 @@ from broker.cluster.control import GroupControl, GroupState
 from broker.cluster.epochs import EpochHistory, queue_key
 from broker.cluster.follower import CampaignPromise, ReplicaFetcher
 from broker.cluster.link import ReplicationLink
-from broker.cluster.replication import ReplicaSource
+from broker.cluster.replication import FetchStream, ReplicaSource
 from broker.cluster.topic_keeper import TopicKeeper
 from broker.cluster.topics import TopicRegistry
 from broker.cluster.zk_security import zookeeper_client_options
@@ -121,6 +121,10 @@ class ClusterNode:
         return NotMasterError(
             f"broker {self.broker_id} of group {self.config.broker_name} is {self.role.lower()}, not master: "
             f"{where}; send to the master (clients do so by themselves)", self.master_address)
+
+    def fetch_stream(self) -> FetchStream:
+        """A slave's stream of fetches on the lean port (``broker.replica_port``)."""
+        return FetchStream(self.source)
 
     def describe(self, health: pb.HealthResponse) -> None:
         """Fill the group part of a ``Health`` answer (``orderlymq cluster status`` shows it)."""

@@ -320,21 +320,11 @@ class ReplicaSource:
         return grpc.method_handlers_generic_handler("orderlymq.v1.Replication", {"Replicate": handler})
 
     async def _replicate(self, requests, context: grpc.aio.ServicerContext):
-        import asyncio
-
-        loop = asyncio.get_running_loop()
-        follower_id = None
-        # When this stream's last answer was sent: the next fetch on this stream (not on another of
-        # the slave's, which may have replaced a half-open one) says it was received.
-        sent_at = None
+        stream = FetchStream(self)
         try:
             async for fetch in requests:
-                if follower_id is None:
-                    follower_id = fetch.broker_id
-                    self.stream_opened(follower_id)
-                self._take_acknowledgement(fetch, sent_at)
                 try:
-                    answer, sent_at = await loop.run_in_executor(self._pool, self._answer, fetch)
+                    answer = await stream.answer(fetch)
                 except Exception as exc:  # noqa: BLE001 - every failure must become a status
                     code, message, _ = to_status(exc)
                     await context.abort(code, message, trailing_metadata=status_metadata(exc))
@@ -342,8 +332,13 @@ class ReplicaSource:
         except DecodeError:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "malformed ReplicaFetch")
         finally:
-            if follower_id is not None:
-                self.stream_closed(follower_id)
+            stream.close()
+
+    async def serve_fetch(self, fetch: pb.ReplicaFetch, sent_at: float | None) -> tuple[pb.ReplicaData, float]:
+        """On the event loop: take what ``fetch`` acknowledges (``sent_at``: when its stream's previous
+        answer was sent), then its answer, waited for on a thread, and when that was sent."""
+        self._take_acknowledgement(fetch, sent_at)
+        return await asyncio.get_running_loop().run_in_executor(self._pool, self._answer, fetch)
 
     def stream_opened(self, broker_id: int) -> None:
         with self._cond:
@@ -455,3 +450,26 @@ class ReplicaSource:
     def close(self) -> None:
         self.deactivate()
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+class FetchStream:
+    """One slave's stream of fetches, over gRPC or the lean port: what it acknowledged and who it is."""
+
+    def __init__(self, source: ReplicaSource) -> None:
+        self._source = source
+        self._follower_id: int | None = None
+        # When this stream's last answer was sent: the next fetch on this stream (not on another of
+        # the slave's, which may have replaced a half-open one) says it was received.
+        self._sent_at: float | None = None
+
+    async def answer(self, fetch: pb.ReplicaFetch) -> pb.ReplicaData:
+        if self._follower_id is None:
+            self._follower_id = fetch.broker_id
+            self._source.stream_opened(self._follower_id)
+        answer, self._sent_at = await self._source.serve_fetch(fetch, self._sent_at)
+        return answer
+
+    def close(self) -> None:
+        if self._follower_id is not None:
+            self._source.stream_closed(self._follower_id)
+            self._follower_id = None

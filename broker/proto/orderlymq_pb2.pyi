@@ -44,7 +44,7 @@ class ReplicaRecords(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., frames: _Optional[bytes] = ...) -> None: ...
 
 class ReplicaData(_message.Message):
-    __slots__ = ("group_epoch", "topics", "records", "offsets_version", "offsets", "epoch_history", "txn_changes", "txn_table", "txn_seq")
+    __slots__ = ("group_epoch", "topics", "records", "offsets_version", "offsets", "epoch_history", "txn_changes", "txn_table", "txn_seq", "error_code", "error_kind", "error_message")
     class TopicsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -61,6 +61,9 @@ class ReplicaData(_message.Message):
     TXN_CHANGES_FIELD_NUMBER: _ClassVar[int]
     TXN_TABLE_FIELD_NUMBER: _ClassVar[int]
     TXN_SEQ_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_KIND_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     group_epoch: int
     topics: _containers.ScalarMap[str, int]
     records: _containers.RepeatedCompositeFieldContainer[ReplicaRecords]
@@ -70,7 +73,10 @@ class ReplicaData(_message.Message):
     txn_changes: _containers.RepeatedCompositeFieldContainer[TxnChange]
     txn_table: bool
     txn_seq: int
-    def __init__(self, group_epoch: _Optional[int] = ..., topics: _Optional[_Mapping[str, int]] = ..., records: _Optional[_Iterable[_Union[ReplicaRecords, _Mapping]]] = ..., offsets_version: _Optional[int] = ..., offsets: _Optional[bytes] = ..., epoch_history: _Optional[bytes] = ..., txn_changes: _Optional[_Iterable[_Union[TxnChange, _Mapping]]] = ..., txn_table: _Optional[bool] = ..., txn_seq: _Optional[int] = ...) -> None: ...
+    error_code: int
+    error_kind: str
+    error_message: str
+    def __init__(self, group_epoch: _Optional[int] = ..., topics: _Optional[_Mapping[str, int]] = ..., records: _Optional[_Iterable[_Union[ReplicaRecords, _Mapping]]] = ..., offsets_version: _Optional[int] = ..., offsets: _Optional[bytes] = ..., epoch_history: _Optional[bytes] = ..., txn_changes: _Optional[_Iterable[_Union[TxnChange, _Mapping]]] = ..., txn_table: _Optional[bool] = ..., txn_seq: _Optional[int] = ..., error_code: _Optional[int] = ..., error_kind: _Optional[str] = ..., error_message: _Optional[str] = ...) -> None: ...
 
 class TxnChange(_message.Message):
     __slots__ = ("kind", "txn_id", "timeout_ms", "topic", "queue_id", "payload", "state", "starts")

@@ -9,7 +9,7 @@ import struct
 from collections.abc import Sequence
 
 from broker.proto import orderlymq_pb2 as pb
-from broker.wire.frames import HELLO_SIZE, SENDS, VERSION, hello, parse_hello
+from broker.wire.frames import HELLO_SIZE, SENDS, VERSION, hello, parse_hello, read_exactly
 from connector.client.connection import BrokerConnection
 
 __all__ = ["WrongVersionError", "check_hello", "lean_port_of", "limit_waits", "open_lean", "read_exactly",
@@ -66,17 +66,6 @@ def limit_waits(sock: socket.socket, timeout: float) -> None:
 
 class WrongVersionError(OSError):
     pass
-
-
-def read_exactly(sock: socket.socket, size: int) -> bytearray:
-    data = bytearray(size)
-    view, got = memoryview(data), 0
-    while got < size:
-        read = sock.recv_into(view[got:])
-        if not read:
-            raise ConnectionError("the broker closed the lean port connection")
-        got += read
-    return data
 
 
 def write_parts(sock: socket.socket, parts: Sequence) -> None:

@@ -158,8 +158,9 @@ class Failover:
 
 def group_behind(link, broker_group, **settings) -> BrokerGroup:
     """A group of two whose master, broker 0, advertises ``link`` (a ``TcpProxy`` forwarding to
-    it): its slave, and clients sent to the master, dial it through the link a test cuts."""
-    group = broker_group(2, settings_of={0: {"advertised_address": link.address}}, **settings)
+    it): its slave, and clients sent to the master, dial it through the link a test cuts. It serves
+    no lean port, which its slave (replication) and clients would dial beside the link."""
+    group = broker_group(2, settings_of={0: {"advertised_address": link.address, "send_port": -1}}, **settings)
     link.forward_to(group.brokers[0].address)
     assert group.wait_for_master() is group.brokers[0]
     return group

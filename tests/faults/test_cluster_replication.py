@@ -6,6 +6,9 @@ and judged against every send by the strict checker: nothing acknowledged missin
 twice, every key in order. A queue lock granted by the new master carries a greater fencing epoch
 than the old master's, whose holder is refused.
 
+Replication goes over the master's lean port (``broker.replica_port``), or over gRPC where it
+serves none; the scenario runs both ways.
+
 And a slave whose replication stream goes silent (half-open: no close, no reset) drops it and
 dials again, catching up with what was sent meanwhile.
 """
@@ -16,6 +19,7 @@ import time
 
 import pytest
 
+from broker.cluster.fetches import LeanFetches
 from broker.launcher import free_port
 from broker.wire.errors import FencedError, NotMasterError
 from connector.client import Admin, Producer
@@ -39,9 +43,14 @@ def _lock(conn: BrokerConnection, client_id: str) -> int:
     return answer.locked[0].epoch
 
 
-def test_sync_replication_puts_every_acknowledged_send_on_the_slave(broker_group, fault_report):
-    group = broker_group(2)
+@pytest.mark.parametrize("path", ["lean port", "gRPC"])
+def test_sync_replication_puts_every_acknowledged_send_on_the_slave(broker_group, fault_report, path):
+    """Over the master's lean port (``broker.replica_port``), and over gRPC where it serves none."""
+    metrics = [free_port(), free_port()]
+    lean = {} if path == "lean port" else {"send_port": -1}
+    group = broker_group(2, settings_of={i: {"metrics_port": port, **lean} for i, port in enumerate(metrics)})
     master = group.wait_for_master()
+    master_metrics = metrics[group.brokers.index(master)]
     with Admin(group.addresses) as admin:
         admin.create_topic(TOPIC, QUEUES)
     history = History()
@@ -55,6 +64,7 @@ def test_sync_replication_puts_every_acknowledged_send_on_the_slave(broker_group
     elapsed = time.monotonic() - started
     with BrokerConnection(group.addresses) as conn:
         old_epoch = _lock(conn, "consumer-before")
+    fetches_on_port = port_calls(master_metrics, "ReplicaPort")
 
     master.kill9()
     killed = time.monotonic()
@@ -67,12 +77,31 @@ def test_sync_replication_puts_every_acknowledged_send_on_the_slave(broker_group
             conn.call("CommitOffset", pb.CommitOffsetRequest(group=GROUP, topic=TOPIC, queue_id=0, offset=1,
                                                              client_id="consumer-before", epoch=old_epoch))
     acked = sum(1 for s in history.sends if s.acked)
-    fault_report("cluster: sync replication, read back from the promoted slave", {"log": log},
+    fault_report(f"cluster: sync replication over the {path}, read back from the promoted slave", {"log": log},
                  sent=len(history.sends), acked=acked, sync_sends_per_s=round(acked / elapsed),
-                 failover_s=round(failover_s, 2), lock_epochs=f"{old_epoch}->{new_epoch}")
+                 failover_s=round(failover_s, 2), lock_epochs=f"{old_epoch}->{new_epoch}",
+                 fetches_on_lean_port=fetches_on_port)
+    assert (fetches_on_port > 0) if path == "lean port" else fetches_on_port == 0
     assert acked == len(history.sends), [f for p in producers for f in p.failures]
     assert log.ok and log.lost == 0, str(log)
     assert new_epoch > old_epoch, (old_epoch, new_epoch)
+
+
+def test_a_fetch_on_a_slaves_lean_port_is_refused_as_not_master(broker_group):
+    """A slave (a stale master's address) answers a fetch on its lean port with ``NotMasterError``,
+    as its gRPC stream would: the fetcher releases its campaign promise on it (``ReplicaFetcher.run``)."""
+    group = broker_group(2)
+    master = group.wait_for_master()
+    slave = next(b for b in group.brokers if b is not master)
+    epoch = group.health(master).group_epoch
+    with BrokerConnection(slave.address) as conn:
+        port = conn.call("Health", pb.HealthRequest()).send_port
+    fetches = LeanFetches(slave.address.rpartition(":")[0], port)
+    try:
+        with pytest.raises(NotMasterError, match="not master"):
+            fetches.exchange(pb.ReplicaFetch(broker_id=9, group_epoch=epoch, handshake=True))
+    finally:
+        fetches.close()
 
 
 def test_a_slave_whose_stream_went_silent_dials_again_and_catches_up(broker_group, tcp_proxy, fault_report):
