@@ -435,6 +435,9 @@ class QueueLog:
             if segment not in self.segments:  # removed while its index was written: no index left behind
                 segment.index_path.unlink(missing_ok=True)
 
+    def _forget_removed_rolled(self) -> None:
+        self._rolled = [seg for seg in self._rolled if seg in self.segments[:-1]]
+
     def secure(self) -> None:
         """Once another queue lost writes: fsync what this one appended, or cut it back where
         that fails too."""
@@ -458,9 +461,6 @@ class QueueLog:
                          segment.next_offset, lost_from - 1)
 
     # -- reading -------------------------------------------------------------------------------
-
-    def _forget_removed_rolled(self) -> None:
-        self._rolled = [seg for seg in self._rolled if seg in self.segments[:-1]]
 
     def wait_for_data(self, offset: int, timeout_s: float) -> bool:
         """Block until a message at ``offset`` exists or ``timeout_s`` passes (long poll)."""
