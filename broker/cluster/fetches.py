@@ -16,7 +16,7 @@ import grpc
 from broker.proto import orderlymq_pb2 as pb
 from broker.proto import orderlymq_pb2_grpc as pb_grpc
 from broker.wire.errors import from_answer
-from broker.wire.frames import HELLO_SIZE, LENGTH, REPLICAS, VERSION, hello, parse_hello, read_exactly
+from broker.wire.frames import LENGTH, REPLICAS, check_hello, open_lean, read_exactly
 
 __all__ = ["GrpcFetches", "LeanFetches"]
 
@@ -48,13 +48,9 @@ class LeanFetches:
     be opened, or the broker does not take replication there (another version)."""
 
     def __init__(self, host: str, port: int) -> None:
-        self._sock = socket.create_connection((host, port), timeout=_CONNECT_TIMEOUT_S)
+        self._sock = open_lean(host, port, _CONNECT_TIMEOUT_S, REPLICAS)
         try:
-            self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self._sock.sendall(hello(VERSION, REPLICAS))
-            greeting = parse_hello(bytes(read_exactly(self._sock, HELLO_SIZE)))
-            if greeting != (VERSION, REPLICAS):
-                raise ConnectionError(f"the master's lean port answered the hello {greeting}, not {(VERSION, REPLICAS)}")
+            check_hello(self._sock, REPLICAS)
             self._sock.settimeout(None)  # an answer may take the master's idle wait: the fetcher's watch bounds it
         except BaseException:
             self._sock.close()

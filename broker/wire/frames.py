@@ -7,8 +7,8 @@ producers' sends, the Spark source's pulls and a group's replication may use a l
 (docs/client.md). The connection opens with a hello each way, ``HELLO`` + version (u16) + what the
 connection carries (u16: ``SENDS``, ``PULLS`` or ``REPLICAS``); the broker answers with the version
 it speaks and echoes what the connection carries, and a client that gets another version, or
-another kind (a broker that only takes sends answers ``SENDS``), closes the connection. Then each request is a frame, u32 length
-(little endian) + a serialized request, and each answer a frame holding the response, in request
+another kind (a broker that only takes sends answers ``SENDS``), closes the connection. Then each
+request is a frame, u32 length (little endian) + a serialized request, and each answer a frame holding the response, in request
 order, with the failure of a request in its ``error_*`` fields like a ``SendStream`` answer. A
 frame longer than the broker's limit gets an error answer and the connection closes.
 """
@@ -18,8 +18,8 @@ from __future__ import annotations
 import socket
 import struct
 
-__all__ = ["HELLO", "HELLO_SIZE", "LENGTH", "PULLS", "REPLICAS", "SENDS", "VERSION", "hello", "parse_hello",
-           "read_exactly"]
+__all__ = ["HELLO", "HELLO_SIZE", "LENGTH", "PULLS", "REPLICAS", "SENDS", "VERSION", "WrongVersionError",
+           "check_hello", "hello", "open_lean", "parse_hello", "read_exactly"]
 
 HELLO = b"OMQS"
 VERSION = 1
@@ -49,3 +49,27 @@ def read_exactly(sock: socket.socket, size: int) -> bytearray:
             raise ConnectionError("the lean port connection was closed")
         got += read
     return data
+
+
+class WrongVersionError(OSError):
+    pass
+
+
+def open_lean(host: str, port: int, timeout: float, carries: int = SENDS) -> socket.socket:
+    """A connection to the lean port, our hello sent."""
+    sock = socket.create_connection((host, port), timeout=timeout)
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.sendall(hello(VERSION, carries))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def check_hello(sock: socket.socket, carries: int = SENDS) -> None:
+    """Read the broker's hello; ``WrongVersionError`` unless it speaks our version and takes ``carries``."""
+    greeting = parse_hello(bytes(read_exactly(sock, HELLO_SIZE)))
+    if greeting != (VERSION, carries):
+        raise WrongVersionError(f"the broker's lean port answered the hello {greeting} (version, kind), not "
+                                f"{(VERSION, carries)}: a broker of another version")

@@ -1,5 +1,6 @@
 """What the clients of a broker's lean port share (``broker.wire.frames``): learning the port,
-opening a connection of one kind (sends or pulls) and checking the broker's hello."""
+bounding waits and writing parts; and, from ``broker.wire.frames`` (where a broker group's
+replication shares them), opening a connection of one kind and checking the broker's hello."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import struct
 from collections.abc import Sequence
 
 from broker.proto import orderlymq_pb2 as pb
-from broker.wire.frames import HELLO_SIZE, SENDS, VERSION, hello, parse_hello, read_exactly
+from broker.wire.frames import WrongVersionError, check_hello, open_lean, read_exactly
 from connector.client.connection import BrokerConnection
 
 __all__ = ["WrongVersionError", "check_hello", "lean_port_of", "limit_waits", "open_lean", "read_exactly",
@@ -32,26 +33,6 @@ def lean_port_of(conn: BrokerConnection) -> int:
         return 0
 
 
-def open_lean(host: str, port: int, timeout: float, carries: int = SENDS) -> socket.socket:
-    """A connection to the lean port, our hello sent."""
-    sock = socket.create_connection((host, port), timeout=timeout)
-    try:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.sendall(hello(VERSION, carries))
-    except BaseException:
-        sock.close()
-        raise
-    return sock
-
-
-def check_hello(sock: socket.socket, carries: int = SENDS) -> None:
-    """Read the broker's hello; ``WrongVersionError`` unless it speaks our version and takes ``carries``."""
-    greeting = parse_hello(bytes(read_exactly(sock, HELLO_SIZE)))
-    if greeting != (VERSION, carries):
-        raise WrongVersionError(f"the broker's lean port answered the hello {greeting} (version, kind), not "
-                                f"{(VERSION, carries)}: a broker of another version")
-
-
 def limit_waits(sock: socket.socket, timeout: float) -> None:
     """Make ``sock`` blocking, with each send and receive ended by the kernel after ``timeout``
     seconds (``SO_SNDTIMEO``, ``SO_RCVTIMEO``; it then raises ``BlockingIOError``). A socket with
@@ -62,10 +43,6 @@ def limit_waits(sock: socket.socket, timeout: float) -> None:
     sock.settimeout(None)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, wait)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, wait)
-
-
-class WrongVersionError(OSError):
-    pass
 
 
 def write_parts(sock: socket.socket, parts: Sequence) -> None:
