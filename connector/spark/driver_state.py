@@ -101,6 +101,12 @@ class DriverState:
                 self._left[ref] = offset.offset
         return found
 
+    def start_unchecked(self, queues: list[QueueRef]) -> dict[QueueRef, GroupOffset]:
+        """Hold ``queues``, then accept the group's offsets: a start with no checkpoint to compare."""
+        self.locks.epochs(queues)  # hold the queues before reading the group's committed offsets
+        self.checked = True
+        return self.accept_group(queues)
+
     def check_checkpoint(self, checkpoint: Positions, queues: list[QueueRef]) -> None:
         """Compare a checkpoint's positions with the group's offsets (once, on a restart)."""
         self.checked = True

@@ -11,7 +11,14 @@ in every offset, so a restart from the checkpoint re-acquires its own queue lock
 offsets right after it made a batch visible (``connector.spark.handoff``); ``queues`` maps each
 topic to ``{queue id: next offset to read}``; ``readAtMs`` (same shape, where known) the broker's
 clock when the position was read, by which every message below it had been stored
-(``connector.spark.lost_tails``). The JSON is always built by
+(``connector.spark.lost_tails``); ``initial`` (same shape, the end of the first batch only) the
+positions the query started from.
+
+The initial offset is not a position: ``{"clientId": ..., "fresh": true}`` (``fresh_start``).
+Spark does not checkpoint it, and asks for it again when it replays the first batch after a
+restart; the positions are resolved only as the first batch is planned, and written into that
+batch's end, so the replay reads from where the first run started, under the first run's
+identity. The JSON is always built by
 ``to_json`` with sorted topics and numerically sorted queues, because Spark compares offsets by
 their JSON: the same positions must always serialize the same way.
 """
@@ -22,15 +29,16 @@ from collections.abc import Mapping
 
 from broker.wire.errors import InvalidOptionError
 
-__all__ = ["Positions", "QueueRef", "admit", "carried_read_at", "client_id_of", "positions_of", "read_at_of",
-           "to_json"]
+__all__ = ["Positions", "QueueRef", "admit", "carried_read_at", "client_id_of", "fresh_start", "initial_of",
+           "is_fresh_start", "positions_of", "read_at_of", "to_json"]
 
 QueueRef = tuple[str, int]
 Positions = dict[QueueRef, int]
 
 
 def to_json(client_id: str | None, positions: Mapping[QueueRef, int], *, group: str | None = None,
-            brokers: str | None = None, read_at: Mapping[QueueRef, int] | None = None) -> dict:
+            brokers: str | None = None, read_at: Mapping[QueueRef, int] | None = None,
+            initial: Mapping[QueueRef, int] | None = None) -> dict:
     """The canonical offset dict of ``positions``."""
     out: dict = {}
     if client_id is not None:
@@ -42,7 +50,19 @@ def to_json(client_id: str | None, positions: Mapping[QueueRef, int], *, group: 
     out["queues"] = _by_topic(positions)
     if read_at:
         out["readAtMs"] = _by_topic(read_at)
+    if initial is not None:
+        out["initial"] = _by_topic(initial)
     return out
+
+
+def fresh_start(client_id: str, *, group: str | None = None, brokers: str | None = None) -> dict:
+    """The initial offset of a new query: its identity, no positions yet."""
+    named = {"clientId": client_id, "group": group, "brokers": brokers}
+    return {key: value for key, value in named.items() if value is not None} | {"fresh": True}
+
+
+def is_fresh_start(offset: Mapping) -> bool:
+    return isinstance(offset, Mapping) and offset.get("fresh") is True and "queues" not in offset
 
 
 def _by_topic(values: Mapping[QueueRef, int]) -> dict[str, dict[str, int]]:
@@ -59,19 +79,24 @@ def positions_of(offset: Mapping) -> Positions:
             f"checkpointed offset {offset!r} is not an orderlymq source offset: was the checkpoint written by "
             "another source? use a new checkpointLocation"
         )
-    return {
-        (topic, int(queue)): int(position)
-        for topic, queues in offset["queues"].items()
-        for queue, position in queues.items()
-    }
+    return _by_queue(offset["queues"])
+
+
+def _by_queue(by_topic: Mapping) -> Positions:
+    return {(topic, int(queue)): int(value) for topic, queues in by_topic.items() for queue, value in queues.items()}
 
 
 def read_at_of(offset: Mapping) -> Positions:
     """The ``readAtMs`` of an offset dict (empty for one written before it was recorded)."""
     read_at = offset.get("readAtMs")
-    if not isinstance(read_at, Mapping):
-        return {}
-    return {(topic, int(queue)): int(at) for topic, queues in read_at.items() for queue, at in queues.items()}
+    return _by_queue(read_at) if isinstance(read_at, Mapping) else {}
+
+
+def initial_of(offset: Mapping) -> Positions | None:
+    """The positions the query started from, carried by the end of its first batch (None in any
+    other offset, and in one written before they were recorded)."""
+    initial = offset.get("initial")
+    return _by_queue(initial) if isinstance(initial, Mapping) else None
 
 
 def carried_read_at(begin: Positions, begun_at: Mapping[QueueRef, int], end: Positions,

@@ -15,7 +15,8 @@ those locks are released or expire.
 Restart. The first call of a reader process that receives an offset it did not mint itself is
 a restart from the checkpoint: the checkpoint's positions are compared with the group's
 committed offsets before anything is read (``DriverState.check_checkpoint``, option
-``groupOffsetConflict``).
+``groupOffsetConflict``). A query that died in its first batch is replayed from the start that
+batch's end recorded, under the identity of the run that died (``connector.spark.offsets``).
 
 Stop. Spark stops this process with SIGTERM; the first one unwinds through the runner's
 ``finally`` into ``stop()``, which releases the locks (later ones are ignored so that the release
@@ -41,9 +42,22 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from broker.wire.errors import GroupOffsetConflictError
 from connector.spark import metadata
 from connector.spark.driver_state import DriverState
-from connector.spark.offsets import Positions, admit, carried_read_at, client_id_of, positions_of, read_at_of, to_json
+from connector.spark.offsets import (
+    Positions,
+    QueueRef,
+    admit,
+    carried_read_at,
+    client_id_of,
+    fresh_start,
+    initial_of,
+    is_fresh_start,
+    positions_of,
+    read_at_of,
+    to_json,
+)
 from connector.spark.options import SourceOptions
 from connector.spark.partitions import QueuePartition, read_partition
 from connector.spark.schema import arrow_schema
@@ -61,10 +75,12 @@ class OrderlyMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         self.schema = schema
         self._driver: DriverState | None = None
         self._target: Positions | None = None  # Trigger.AvailableNow: never read past these positions
-        self._initial: dict | None = None
+        self._initial: dict | None = None  # the identity Spark asked for first
+        self._first: dict | None = None  # the start of the first batch, once resolved
 
     def __getstate__(self) -> dict:
-        return {"options": self.options, "schema": self.schema, "_driver": None, "_target": None, "_initial": None}
+        return {"options": self.options, "schema": self.schema, "_driver": None, "_target": None, "_initial": None,
+                "_first": None}
 
     # -- driver side ---------------------------------------------------------------------------
 
@@ -86,27 +102,58 @@ class OrderlyMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         return state
 
     def initialOffset(self) -> dict:
-        if self._initial is not None:  # Spark may ask more than once
-            return self._initial
-        state = self._state(f"spark-{uuid.uuid4().hex}")
-        queues = state.queues()
-        state.locks.epochs(queues)  # hold the queues before reading the group's committed offsets
-        state.accept_group(queues)
-        state.checked = True  # a fresh start: no checkpoint to compare
-        start = metadata.resolve_positions(
-            state.conn,
-            self.options.starting,
-            queues,
-            option=self.options.starting.option_name,
-            group=self.options.consumer_group,
-            fail_on_data_loss=self.options.fail_on_data_loss,
-        )
-        self._initial = self._offset(state.client_id, start)
+        # The identity only. Spark does not checkpoint this offset and asks again, in a new process,
+        # when it replays the first batch after a restart; so the start positions are resolved as
+        # that batch is planned and recorded in its end (connector.spark.offsets).
+        if self._initial is None:  # Spark may ask more than once
+            self._initial = fresh_start(f"spark-{uuid.uuid4().hex}", group=self.options.consumer_group,
+                                        brokers=self.options.brokers)
         return self._initial
 
-    def _offset(self, client_id: str, positions: Positions, read_at: Positions | None = None) -> dict:
+    def _first_start(self, fresh: dict) -> dict:
+        """The start of a new query's first batch (resolved once), the group's queues held first."""
+        if self._first is None:
+            state = self._state(client_id_of(fresh))
+            queues = state.queues()
+            state.start_unchecked(queues)
+            start = metadata.resolve_positions(
+                state.conn,
+                self.options.starting,
+                queues,
+                option=self.options.starting.option_name,
+                group=self.options.consumer_group,
+                fail_on_data_loss=self.options.fail_on_data_loss,
+            )
+            self._first = self._offset(state.client_id, start)
+        return self._first
+
+    def _replayed_start(self, end: dict) -> dict:
+        """The start of the first batch, ending at ``end``: where the query started, as recorded in
+        ``end``, under the identity of the run that planned it (this one, or one that died)."""
+        client_id = client_id_of(end)
+        initial = initial_of(end)
+        if initial is None:
+            initial = self._start_from_group(client_id, sorted(positions_of(end)))
+        return self._offset(client_id, initial)
+
+    def _start_from_group(self, client_id: str, queues: list[QueueRef]) -> Positions:
+        """The start of a first batch planned by an earlier connector, which did not record it: the
+        group's offsets, which that planning committed as ``client_id``."""
+        found = self._state(client_id).start_unchecked(queues)
+        unknown = {ref: found[ref] for ref in queues if found[ref].offset < 0 or found[ref].committed_by != client_id}
+        if unknown:
+            listed = "; ".join(f"{topic}/{queue_id}: {offset.describe()}" for (topic, queue_id), offset in unknown.items())
+            raise GroupOffsetConflictError(
+                f"consumer group {self.options.consumer_group!r}: the first micro-batch of this query was planned by "
+                "an earlier orderlymq connector, which did not record where the query started, and the group's "
+                f"offsets no longer show it ({listed}); use a new checkpointLocation"
+            )
+        return {ref: found[ref].offset for ref in queues}
+
+    def _offset(self, client_id: str, positions: Positions, read_at: Positions | None = None,
+                initial: Positions | None = None) -> dict:
         return to_json(client_id, positions, group=self.options.consumer_group, brokers=self.options.brokers,
-                       read_at=read_at)
+                       read_at=read_at, initial=initial)
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.options.max_messages_per_trigger is not None:
@@ -114,6 +161,9 @@ class OrderlyMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         return ReadAllAvailable()
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        first_batch = is_fresh_start(start)
+        if first_batch:
+            start = self._first_start(start)
         spark_begin, begun_at = positions_of(start), read_at_of(start)
         state = self._state(client_id_of(start), spark_begin)
         queues = state.queues()
@@ -127,7 +177,11 @@ class OrderlyMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             latest = {ref: min(pos, self._target.get(ref, 0)) for ref, pos in latest.items()}
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         end = admit(begin, latest, max_rows)
-        return self._offset(state.client_id, end, carried_read_at(begin, begun_at, end, state.last_read_at))
+        # The first batch's end records where the query started; an idle query's next end, the same
+        # positions, keeps it (Spark runs a batch whenever the JSON changes).
+        initial = spark_begin if first_batch else initial_of(start) if end == spark_begin else None
+        return self._offset(state.client_id, end, carried_read_at(begin, begun_at, end, state.last_read_at),
+                            initial=initial)
 
     def prepareForTriggerAvailableNow(self) -> None:
         # Called before the first offset is known, so the identity is not needed: a throwaway
@@ -142,6 +196,8 @@ class OrderlyMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         return self._offset(self._driver.client_id, self._driver.last_latest)
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        if is_fresh_start(start):  # the first batch, planned by this process or replayed after a restart
+            start = self._replayed_start(end)
         client_id = client_id_of(end)
         spark_begin = positions_of(start)
         state = self._state(client_id, spark_begin)

@@ -2,7 +2,9 @@
 exactly once, keyed by the same sharding key. Run with spark-submit (or plain python, local[2]).
 
 The UDF fails exactly once in the whole run, on a first task attempt: the task that manages to
-create ``--fail-marker`` raises (the marker records where); Spark retries it. With ``--trigger
+create ``--fail-marker`` raises (the marker records where); Spark retries it. With
+``--hold-marker`` every call of the UDF creates that file and then waits (up to ``HOLD_S``), so
+the first micro-batch never completes and a test can kill the driver in it. With ``--trigger
 interval`` the query runs until killed; with ``--trigger available-now`` it processes what the
 source holds when it starts and exits.
 """
@@ -13,11 +15,14 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from spark_jobs.session import spark_session  # noqa: E402
+
+HOLD_S = 600.0  # longer than a test waits; bounded, so a worker left behind does not sleep forever
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -28,16 +33,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--group", required=True, help="consumer group of the source")
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--fail-marker", required=True, help="created by the one task attempt that fails")
+    p.add_argument("--hold-marker", help="created by the UDF, which then holds its batch (for a kill in it)")
     p.add_argument("--max-per-trigger", type=int, default=100)
     p.add_argument("--trigger", choices=["interval", "available-now"], default="interval")
     return p.parse_args(argv)
 
 
-def fail_once(marker: str):
-    """A UDF returning its input, except that one first attempt of a task fails (once per marker)."""
+def fail_once(marker: str, hold_marker: str | None = None):
+    """A UDF returning its input, except that one first attempt of a task fails (once per marker),
+    and that with ``hold_marker`` every call holds its batch."""
     from pyspark import TaskContext
 
     def forward(body):  # no type hints: they would make Spark look for a pandas UDF
+        if hold_marker is not None:
+            Path(hold_marker).touch()
+            time.sleep(HOLD_S)
         ctx = TaskContext.get()
         if ctx is not None and ctx.attemptNumber() == 0 and not os.path.exists(marker):
             try:
@@ -60,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     spark = spark_session("orderlymq-fault-pipeline")
     from pyspark.sql import functions as F
 
-    forward = F.udf(fail_once(args.fail_marker), "binary")
+    forward = F.udf(fail_once(args.fail_marker, args.hold_marker), "binary")
     events = (spark.readStream.format("orderlymq")
               .option("brokers", args.brokers).option("topic", args.source)
               .option("consumerGroup", args.group).option("startingOffsets", "earliest")

@@ -3,7 +3,8 @@ standalone cluster, through three failures: a task attempt that fails once (the 
 executor JVM killed with SIGKILL, and the driver killed with SIGKILL and started again from its
 checkpoint. The output topic must hold every input message once, each key in order. The same
 pipeline runs on a single broker and on two broker groups (the topics' queues spread over both,
-so every micro-batch commits a transaction part on each group)."""
+so every micro-batch commits a transaction part on each group). Last, on local[2], a driver killed
+in its first micro-batch restarts it."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,7 +25,7 @@ from connector.history import History, check
 from connector.spark.transactions import SINK_LOG_TOPIC
 from tests.faults.fault_profile import PROFILE
 from tests.faults.workload import body, parse_body, stored_deliveries
-from tests.jobs.cluster import ROOT, SPARK_HOME, StandaloneCluster
+from tests.jobs.cluster import ROOT, SPARK_HOME, StandaloneCluster, spark_env
 from tests.spark.helpers import committed
 from tests.support import pull_all, wait_until
 
@@ -85,6 +87,13 @@ def kill_group(driver: subprocess.Popen) -> None:
     if driver.poll() is None:
         os.killpg(driver.pid, signal.SIGKILL)
     driver.wait()
+
+
+def run_job(job: Path, env: dict[str, str], log: Path, *args: str) -> subprocess.Popen:
+    """The pipeline job on local[2], in its own process group (so the whole driver can be killed)."""
+    with open(log, "wb") as out:  # the job writes to its own copy of the file
+        return subprocess.Popen([sys.executable, str(job), *args], env=env, cwd=job.parents[2], stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def sink_plans(conn: BrokerConnection) -> set[int]:
@@ -171,3 +180,45 @@ def run_pipeline_through_failures(address: str, conn, fault_report, tmp_path: Pa
                  its_commit_plan_recorded=in_flight in planned, source_committed=sum(source_committed.values()))
     assert marker.exists(), "the UDF failed one task attempt"
     assert output.ok, str(output)
+
+
+@pytest.mark.slow
+def test_a_driver_killed_in_its_first_batch_restarts_it_from_where_it_started(broker, fault_report, tmp_path):
+    """The driver (local[2]) killed -9 while its first micro-batch runs: the checkpoint plans batch 0
+    and records no commit, so Spark replays it from the source's initial offset. The restart must
+    read it from where the dead run started, under that run's identity (its locks may still be
+    held), then go on; the output judged by the strict checker."""
+    address = broker.address
+    conn = BrokerConnection(address)
+    with Admin(address) as admin:
+        for topic in (SOURCE, SINK):
+            admin.create_topic(topic, QUEUES)
+    history, seqs = History(), {}
+    first = PROFILE.spark_messages // 2
+    produce(address, history, seqs, first)
+    marker, hold = tmp_path / "failed-once.json", tmp_path / "holding"
+    marker.write_text("{}")  # no injected task failure: local[2] does not retry tasks
+    args = ["--brokers", address, "--source", SOURCE, "--sink", SINK, "--group", GROUP,
+            "--checkpoint", str(tmp_path / "checkpoint"), "--fail-marker", str(marker),
+            "--max-per-trigger", str(PROFILE.spark_max_per_trigger)]
+    driver = run_job(JOB, spark_env(tmp_path), tmp_path / "first.log", *args, "--hold-marker", str(hold),
+                     "--trigger", "interval")
+    try:
+        assert wait_until(lambda: hold.exists() or driver.poll() is not None, timeout=300), "the UDF never ran"
+        assert driver.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
+        in_flight = batch_in_flight(tmp_path / "checkpoint")
+    finally:
+        kill_group(driver)
+    assert in_flight == 0, "killed in the first batch"
+    produce(address, history, seqs, PROFILE.spark_messages - first)
+    restarted = run_job(JOB, spark_env(tmp_path), tmp_path / "restarted.log", *args, "--trigger", "available-now")
+    assert restarted.wait(timeout=600) == 0, (tmp_path / "restarted.log").read_text()[-3000:]
+    output = check(history.sends, stored_deliveries(conn, SINK))
+    source_committed = committed(conn, GROUP, SOURCE)
+    source_ends = {q: conn.call("QueryOffsets", pb.QueryOffsetsRequest(topic=SOURCE, queue_id=q)).max_offset
+                   for q in range(QUEUES)}
+    conn.close()
+    fault_report("Spark pipeline, driver kill -9 in its first batch + restart", {"output": output},
+                 source_committed=sum(source_committed.values()))
+    assert output.ok, str(output)
+    assert source_committed == source_ends

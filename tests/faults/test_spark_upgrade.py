@@ -8,10 +8,6 @@ hold every input message once, each key in order, and the source group's offsets
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from connector.client import Admin
@@ -28,6 +24,7 @@ from tests.faults.test_spark_pipeline import (
     batch_in_flight,
     kill_group,
     produce,
+    run_job,
     sink_plans,
 )
 from tests.faults.workload import stored_deliveries
@@ -41,13 +38,6 @@ pytestmark = pytest.mark.spark
 # (and the broker modules it imports) and the module by which Spark finds format("orderlymq").
 OLDER_TREE = ("broker", "connector", "pyspark_orderlymq", "spark_jobs", "tests/__init__.py",
               "tests/faults/__init__.py", "tests/faults/spark_pipeline.py")
-
-
-def run_job(job: Path, env: dict[str, str], log: Path, *args: str) -> subprocess.Popen:
-    """The pipeline job on local[2], in its own process group (so the whole driver can be killed)."""
-    with open(log, "wb") as out:  # the job writes to its own copy of the file
-        return subprocess.Popen([sys.executable, str(job), *args], env=env, cwd=job.parents[2], stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
 
 
 @pytest.mark.slow

@@ -233,6 +233,78 @@ def _held_until(marks: str):
     return hold
 
 
+# -- a query that died in its first micro-batch ---------------------------------------------------
+
+
+def _fail_first_batch(batch_id):
+    if batch_id == 0:
+        raise RuntimeError("injected failure of the first micro-batch")
+
+
+def queue_ends(conn, topic, queues) -> dict[int, int]:
+    return {q: conn.call("QueryOffsets", pb.QueryOffsetsRequest(topic=topic, queue_id=q)).max_offset
+            for q in range(queues)}
+
+
+@pytest.mark.parametrize("starting", ["earliest", "latest"])
+def test_a_query_failed_in_its_first_batch_restarts_it_from_where_it_started(ospark, broker, conn, topic_name,
+                                                                            tmp_path, starting):
+    """Spark replays a first batch that never completed from the source's initial offset, asked
+    again in a new reader process: the replay must start where the failed run started (for
+    ``latest``, not at the end as it is now) and under that run's identity."""
+    create_topic(conn, topic_name, 2)
+    before, after = keyed_events(4, 5), keyed_events(4, 5, start=5)
+    produce(conn, topic_name, 2, before)
+    failed = start_available_now(stream(ospark, broker, topic_name, "first", startingOffsets=starting),
+                                 tmp_path / "ck", Collector(before=_fail_first_batch))
+    with pytest.raises(Exception, match="injected failure"):
+        failed.awaitTermination(120)
+    assert (tmp_path / "ck" / "offsets" / "0").exists() and not (tmp_path / "ck" / "commits" / "0").exists()
+    produce(conn, topic_name, 2, after)
+
+    again = Collector()
+    run_available_now(stream(ospark, broker, topic_name, "first", startingOffsets=starting), tmp_path / "ck", again)
+    assert_delivered((before if starting == "earliest" else []) + after, row_events(again.rows()))
+    assert committed(conn, "first", topic_name) == queue_ends(conn, topic_name, 2)
+
+
+def test_a_first_batch_planned_by_an_earlier_connector_starts_at_the_groups_offsets(broker, conn, topic_name):
+    """The end of a first batch written by a connector that did not record the start: the replay
+    starts at the group's offsets, which that batch's planning committed under the query's identity,
+    and refuses when another client moved them since."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from connector.spark.offsets import positions_of
+    from connector.spark.source import OrderlyMQDataSource
+
+    create_topic(conn, topic_name, 2)
+    produce(conn, topic_name, 2, keyed_events(4, 5))
+    source = OrderlyMQDataSource({"brokers": broker.address, "topic": topic_name, "consumerGroup": "early",
+                                  "startingOffsets": "earliest", "maxMessagesPerTrigger": "6"})
+    with ThreadPoolExecutor(1) as driver:  # not the main thread, as in Spark's reader process
+
+        def call(method, *args):
+            return driver.submit(method, *args).result()
+
+        first = source.streamReader(source.schema())
+        end = call(first.latestOffset, call(first.initialOffset), ReadAllAvailable())
+        call(first.stop)  # the run dies; its end as the earlier connector wrote it
+        end.pop("initial")
+
+        again = source.streamReader(source.schema())
+        planned = call(again.partitions, call(again.initialOffset), end)
+        call(again.stop)
+        ends = {queue_id: pos for (_, queue_id), pos in positions_of(end).items()}
+        assert [(p.queue_id, p.start, p.end, p.client_id) for p in planned] == [
+            (queue_id, 0, pos, end["clientId"]) for queue_id, pos in sorted(ends.items()) if pos]
+
+        conn.call("CommitOffset", pb.CommitOffsetRequest(group="early", topic=topic_name, queue_id=1, offset=2))
+        moved = source.streamReader(source.schema())
+        with pytest.raises(Exception, match="did not record where the query started.*use a new checkpointLocation"):
+            call(moved.partitions, call(moved.initialOffset), end)
+        call(moved.stop)
+
+
 # -- break 5: broker restarts and freezes ---------------------------------------------------------
 
 
