@@ -3,7 +3,9 @@
 Configurations, each a fresh cluster on one shared ZooKeeper (its own ``cluster_name``):
 one topic of 12 queues on 1 group vs 3 groups of one broker each (spreading alone), and one group
 of 1, 2, 3 brokers with ``replication = "sync"`` and ``min_sync_replicas`` = all of them
-(replication 1, 2, 3). ``flush = "async"`` so that fsync does not hide the per-message cost.
+(replication 1, 2, 3), and replication 2 with a topic of 1,024 queues (what a slave's fetch costs
+as the group holds more queues). ``flush = "async"`` so that fsync does not hide the per-message
+cost.
 
 Workloads through the real client: keyed produce (``Producer.send_batch`` of 10,000 keyed 100 B
 messages, 2 threads; routed to every queue, so to every group), synchronous send (one thread's
@@ -34,8 +36,9 @@ from connector.client import Admin, Producer, PullConsumer
 __all__ = ["run"]
 
 TOPIC, QUEUES, ROWS, BODY = "bench", 12, 10_000, 100
-# (name, groups, brokers per group)
-CONFIGS = (("1 group", 1, 1), ("3 groups", 3, 1), ("replication 2", 1, 2), ("replication 3", 1, 3))
+# (name, groups, brokers per group, queues of the topic)
+CONFIGS = (("1 group", 1, 1, QUEUES), ("3 groups", 3, 1, QUEUES), ("replication 2", 1, 2, QUEUES),
+           ("replication 3", 1, 3, QUEUES), ("replication 2, 1,024 queues", 1, 2, 1024))
 
 
 @dataclass
@@ -90,13 +93,13 @@ def _consume(consumer: PullConsumer, seconds: float) -> tuple[int, float]:
     return got, time.perf_counter() - t0
 
 
-def _one_round(workdir: Path, zookeeper: ZooKeeperServer, name: str, groups: int, size: int,
+def _one_round(workdir: Path, zookeeper: ZooKeeperServer, groups: int, size: int, queues: int,
                seconds: float) -> dict[str, _Measured]:
     settings = {"cluster_name": f"bench-{workdir.name}", "min_sync_replicas": size, "log_level": "WARNING"}
     with LocalCluster(workdir, groups=groups, size=size, base_port=0, zookeeper=zookeeper,
                       settings=settings) as cluster:
         with Admin(cluster.bootstrap) as admin:
-            admin.create_topic(TOPIC, QUEUES)
+            admin.create_topic(TOPIC, queues)
         with Producer(cluster.bootstrap) as producer:
             _produce(producer, 0.5)  # warm up: channels, routes, first segment files
             produced = _measured(cluster, lambda: _produce(producer, seconds))
@@ -113,22 +116,22 @@ def run(workdir: Path, quick: bool) -> list[Row]:
     best: dict[tuple[str, str], _Measured] = {}
     with ZooKeeperServer(workdir / "zookeeper") as zookeeper:
         for round_ in range(rounds):
-            for name, groups, size in CONFIGS[round_ % len(CONFIGS):] + CONFIGS[:round_ % len(CONFIGS)]:
-                data = workdir / f"cluster-{name.replace(' ', '-')}-{round_}"
-                for workload, got in _one_round(data, zookeeper, name, groups, size, seconds).items():
+            for name, groups, size, queues in CONFIGS[round_ % len(CONFIGS):] + CONFIGS[:round_ % len(CONFIGS)]:
+                data = workdir / f"cluster-{name.replace(' ', '-').replace(',', '')}-{round_}"
+                for workload, got in _one_round(data, zookeeper, groups, size, queues, seconds).items():
                     if (workload, name) not in best or got.rate > best[(workload, name)].rate:
                         best[(workload, name)] = got
                 print(f"  cluster: {name}, round {round_ + 1}/{rounds} done", flush=True)
     rows = []
     for workload, baseline in (("keyed produce", "1 group"), ("sync send", "1 group"), ("consume", "1 group")):
         base = best[(workload, baseline)]
-        for name, groups, size in CONFIGS:
+        for name, groups, size, queues in CONFIGS:
             got = best[(workload, name)]
             cpu = {"broker_cpu_us_per_msg": got.broker_cpu_us, "client_cpu_us_per_msg": got.client_cpu_us,
                    "broker_cpu_ratio": got.broker_cpu_us / base.broker_cpu_us,
                    "client_cpu_ratio": got.client_cpu_us / base.client_cpu_us}
             rows.append(Row(f"cluster: {workload}, {name}", got.rate, "msg/s", ceiling=base.rate,
-                            ceiling_name=baseline, message_bytes=BODY, queues=QUEUES,
+                            ceiling_name=baseline, message_bytes=BODY, queues=queues,
                             goal=f"CPU/msg brokers {got.broker_cpu_us:.2f} us (x{cpu['broker_cpu_ratio']:.2f}), "
                                  f"client {got.client_cpu_us:.2f} us (x{cpu['client_cpu_ratio']:.2f})",
                             extra={"groups": groups, "brokers_per_group": size, "seconds": seconds,

@@ -89,6 +89,12 @@ class ReplicaFetcher(threading.Thread):
         self._asked_at: float | None = None  # when the fetch now unanswered was sent
         self._offsets_version = 0
         self._txn_seq = 0
+        # Where this copy of each queue ends, kept as answers are applied; and the ends that moved
+        # since the last fetch, all a fetch lists once its master takes that (``_fetch``).
+        self._known: dict[tuple[str, int], int] = {}
+        self._moved: dict[tuple[str, int], int] = {}
+        self._delta = False  # the master takes fetches of the moved ends only
+        self._whole_next = True
         self.applied = threading.Event()  # set once a first answer was applied (tests, status)
 
     def stop(self) -> None:
@@ -145,7 +151,10 @@ class ReplicaFetcher(threading.Thread):
                 if self._stopped.is_set():
                     return
                 handshake = pb.ReplicaFetch(broker_id=self.broker_id, group_epoch=self.epoch, handshake=True)
-                self._truncate(json.loads(self._exchange(fetches, handshake).epoch_history))
+                greeting = self._exchange(fetches, handshake)
+                self._truncate(json.loads(greeting.epoch_history))
+                self._delta, self._whole_next = greeting.delta_fetches, True
+                self._known_from_store()
                 while not self._stopped.is_set() and time.monotonic() < until:
                     answer = self._exchange(fetches, self._fetch())
                     self._apply(answer)
@@ -183,23 +192,31 @@ class ReplicaFetcher(threading.Thread):
         self.promise.renew()  # before the next fetch tells the master it was received
         return answer
 
-    def _ends(self) -> dict[str, int]:
+    def _store_ends(self) -> dict[tuple[str, int], int]:
         store = self.service.store
-        return {queue_key(t, q): store.queue(t, q).max_offset for t, n in store.topics().items() for q in range(n)}
+        return {(t, q): store.queue(t, q).max_offset for t, n in store.topics().items() for q in range(n)}
 
     def _truncate(self, master_history: list) -> None:
         """Cut what the master never had, then adopt its history (in that order: a crash in
         between cuts again, never keeps a tail)."""
         store = self.service.store
-        for key, offset in truncation_points(self.history.epoch, self._ends(), master_history).items():
+        ends = {queue_key(topic, queue_id): end for (topic, queue_id), end in self._store_ends().items()}
+        for key, offset in truncation_points(self.history.epoch, ends, master_history).items():
             topic, _, queue_id = key.rpartition("/")
             store.queue(topic, int(queue_id)).truncate(offset)
         self.history.follow(self.epoch, master_history)
 
+    def _known_from_store(self) -> None:
+        self._known, self._moved = self._store_ends(), {}
+
     def _fetch(self) -> pb.ReplicaFetch:
-        ends = [pb.QueuePosition(topic=key.rpartition("/")[0], queue_id=int(key.rpartition("/")[2]), offset=end)
-                for key, end in self._ends().items()]
-        return pb.ReplicaFetch(broker_id=self.broker_id, group_epoch=self.epoch, ends=ends,
+        """The next fetch: the ends that moved since the previous one when the master takes that,
+        else (and first on a stream, and after the topics changed) every end."""
+        delta = self._delta and not self._whole_next
+        listed = self._moved if delta else self._known
+        ends = [pb.QueuePosition(topic=topic, queue_id=queue_id, offset=end) for (topic, queue_id), end in listed.items()]
+        self._moved, self._whole_next = {}, False
+        return pb.ReplicaFetch(broker_id=self.broker_id, group_epoch=self.epoch, ends=ends, delta=delta,
                                offsets_version=self._offsets_version, txn_seq=self._txn_seq)
 
     def _apply(self, answer: pb.ReplicaData) -> None:
@@ -210,7 +227,8 @@ class ReplicaFetcher(threading.Thread):
             first = parse_header(records.frames[:HEADER.size])
             if first is not None and first.base_offset > queue.max_offset:  # behind the master's retention
                 queue.restart_at(first.base_offset)
-            queue.append_frames(records.frames)
+            ref = (records.topic, records.queue_id)
+            self._known[ref] = self._moved[ref] = queue.append_frames(records.frames)
         if answer.offsets:
             self.service.offsets.replace([tuple(row) for row in json.loads(answer.offsets)])
             self._offsets_version = answer.offsets_version
@@ -220,14 +238,22 @@ class ReplicaFetcher(threading.Thread):
         self._txn_seq = answer.txn_seq
 
     def _apply_topics(self, topics: dict[str, int]) -> None:
+        """Create, grow and delete topics as the master's table says; then every end is listed
+        again (a deleted topic's queues must leave what the master knows of this copy)."""
         store, service = self.service.store, self.service
-        mine = store.topics()
+        mine, changed = store.topics(), False
         for topic in mine.keys() - topics.keys():
             service.offsets.drop_topic(topic)
             service.locks.drop_topic(topic)
             store.delete_topic(topic)
+            changed = True
         for topic, count in topics.items():
             if topic not in mine:
                 store.create_topic(topic, count)
+                changed = True
             elif count > mine[topic]:
                 store.grow_topic(topic, count)
+                changed = True
+        if changed:
+            self._known_from_store()
+            self._whole_next = True

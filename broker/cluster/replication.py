@@ -1,7 +1,7 @@
 """The master's side of replication: serving slaves' fetches, and acknowledging sync sends.
 
-Each slave holds one ``Replicate`` stream. Its fetches say where its copy of every queue ends;
-the master answers with the records that follow (framed as stored, at the same offsets), the
+Each slave holds one ``Replicate`` stream. Its fetches say where its copy of every queue ends
+(after the first, only the ends that moved: ``FetchStream``); the master answers with the records that follow (framed as stored, at the same offsets), the
 topic table and, when newer, the committed offsets. A fetch is also the slave's acknowledgement
 of everything before its ends, and that is what ``wait_replicated`` waits for: with
 ``replication = "sync"`` a send is answered once every member of the sync-state set has it and
@@ -41,8 +41,15 @@ from broker.cluster.epochs import EpochHistory, queue_key
 from broker.cluster.txnlog import TxnChangeLog, table_changes
 from broker.proto import orderlymq_pb2 as pb
 from broker.service import BrokerService
+from broker.storage.end_watch import EndWatch, QueueRef
 from broker.thread_hops import settle
-from broker.wire.errors import NotMasterError, ReplicationTimeoutError, status_metadata, to_status
+from broker.wire.errors import (
+    InvalidRequestError,
+    NotMasterError,
+    ReplicationTimeoutError,
+    status_metadata,
+    to_status,
+)
 
 __all__ = ["FETCH_WAIT_S", "MAX_RESPONSE_BYTES", "ReplicaSource"]
 
@@ -57,7 +64,9 @@ class _Follower:
     ends: dict[str, int] = field(default_factory=dict)
     offsets_version: int = 0
     last_caught_up: float = 0.0
-    promised: dict[str, int] | None = None  # the master's ends when it built its last answer
+    # The master's ends of the queues its last answer looked at (the others it knew the slave had);
+    # None when that answer was cut short.
+    promised: dict[str, int] | None = None
     promised_at: float = 0.0
     txn_seq: int = 0  # the last transaction change the slave applied
     promise_from: float = 0.0  # when the last answer it acknowledged receiving was sent
@@ -334,11 +343,12 @@ class ReplicaSource:
         finally:
             stream.close()
 
-    async def serve_fetch(self, fetch: pb.ReplicaFetch, sent_at: float | None) -> tuple[pb.ReplicaData, float]:
+    async def serve_fetch(self, fetch: pb.ReplicaFetch, sent_at: float | None,
+                          stream: FetchStream) -> tuple[pb.ReplicaData, float]:
         """On the event loop: take what ``fetch`` acknowledges (``sent_at``: when its stream's previous
         answer was sent), then its answer, waited for on a thread, and when that was sent."""
-        self._take_acknowledgement(fetch, sent_at)
-        return await asyncio.get_running_loop().run_in_executor(self._pool, self._answer, fetch)
+        self._take_acknowledgement(fetch, sent_at, stream.moved)
+        return await asyncio.get_running_loop().run_in_executor(self._pool, self._answer, fetch, stream)
 
     def stream_opened(self, broker_id: int) -> None:
         with self._cond:
@@ -350,7 +360,7 @@ class ReplicaSource:
             if not self._open_streams[broker_id]:
                 del self._open_streams[broker_id]
 
-    def _answer(self, fetch: pb.ReplicaFetch) -> tuple[pb.ReplicaData, float]:
+    def _answer(self, fetch: pb.ReplicaFetch, stream: FetchStream) -> tuple[pb.ReplicaData, float]:
         """The answer to ``fetch`` (acknowledged already: ``_take_acknowledgement``) and when it
         was sent (at the latest: the slave's promise runs from its receipt)."""
         with self._cond:
@@ -358,12 +368,13 @@ class ReplicaSource:
                 raise self.not_master()
             if fetch.handshake:
                 self._followers.setdefault(fetch.broker_id, _Follower())
-                return pb.ReplicaData(group_epoch=self.epoch, epoch_history=self.history.encoded()), lease_clock.now()
+                return (pb.ReplicaData(group_epoch=self.epoch, epoch_history=self.history.encoded(), delta_fetches=True),
+                        lease_clock.now())
         deadline = time.monotonic() + FETCH_WAIT_S
         while True:
             with self._cond:
                 seen = self._changes
-            answer, complete = self._collect(fetch)
+            answer, complete = self._collect(fetch, stream)
             if answer.records or answer.offsets or answer.txn_seq != fetch.txn_seq or time.monotonic() >= deadline:
                 break
             with self._cond:
@@ -376,24 +387,28 @@ class ReplicaSource:
             follower.promised, follower.promised_at = complete, (sent := lease_clock.now())
         return answer, sent
 
-    def _take_acknowledgement(self, fetch: pb.ReplicaFetch, received: float | None) -> None:
+    def _take_acknowledgement(self, fetch: pb.ReplicaFetch, received: float | None, moved: dict[str, int]) -> None:
         """On the event loop, as the fetch arrives: the sends it acknowledges are answered without
         waiting for a thread to take the fetch (one that this master's term does not accept is
         refused by ``_answer``); ``received``: when the stream's previous answer, which ``fetch``
-        acknowledges, was sent."""
+        acknowledges, was sent; ``moved``: the ends the fetch lists."""
         with self._cond:
             if self._active and fetch.group_epoch == self.epoch and not fetch.handshake:
-                self._acknowledge(fetch, received)
+                self._acknowledge(fetch, received, moved)
 
-    def _acknowledge(self, fetch: pb.ReplicaFetch, received: float | None) -> None:
+    def _acknowledge(self, fetch: pb.ReplicaFetch, received: float | None, moved: dict[str, int]) -> None:
         """Under the lock: record where the slave stands; wake the sends waiting for it."""
         follower = self._followers.setdefault(fetch.broker_id, _Follower())
         if received is not None:
             follower.promise_from = max(follower.promise_from, received)
-        ends = {queue_key(p.topic, p.queue_id): p.offset for p in fetch.ends}
-        if any(ends.get(key, 0) < end for key, end in follower.ends.items()):
+        if fetch.delta:
+            lost = any(end < follower.ends.get(key, 0) for key, end in moved.items())
+            follower.ends.update(moved)
+        else:
+            lost = any(moved.get(key, 0) < end for key, end in follower.ends.items())
+            follower.ends = dict(moved)
+        if lost:
             follower.last_caught_up = 0.0  # it lost what it had (a wiped data dir): out of the set now
-        follower.ends = ends
         follower.offsets_version = fetch.offsets_version
         follower.txn_seq = fetch.txn_seq
         promised = follower.promised
@@ -405,37 +420,41 @@ class ReplicaSource:
         store = self.service.store
         return {queue_key(t, q): store.queue(t, q).max_offset for t, n in store.topics().items() for q in range(n)}
 
-    def _collect(self, fetch: pb.ReplicaFetch) -> tuple[pb.ReplicaData, dict[str, int] | None]:
-        """What follows the slave's copy; and the master's ends when that is all of it (else None)."""
-        have = {queue_key(p.topic, p.queue_id): p.offset for p in fetch.ends}
+    def _collect(self, fetch: pb.ReplicaFetch, stream: FetchStream) -> tuple[pb.ReplicaData, dict[str, int] | None]:
+        """What follows the slave's copy in the queues ``stream`` looks at; and their ends when that
+        is all of it (else None: the rest is left for the next answer)."""
+        have = stream.have
         store = self.service.store
         answer = pb.ReplicaData(group_epoch=self.epoch)
         self._collect_txn_changes(fetch.txn_seq, answer)  # before the records: a commit's records come with it
         topics = store.topics()
         answer.topics.update(topics)
-        ends, budget, complete = {}, MAX_RESPONSE_BYTES, True
-        for topic, count in sorted(topics.items()):
-            for queue_id in range(count):
-                queue = store.queue(topic, queue_id)
-                key = queue_key(topic, queue_id)
-                ends[key] = end = queue.max_offset
-                # Behind what retention left: from the first offset (the slave starts its copy there).
-                start = max(have.get(key, 0), queue.min_offset)
-                if start >= end:
-                    continue
-                if budget <= 0:
-                    complete = False
-                    continue
-                frames, reached = queue.read_frames(start, budget)
-                budget -= len(frames)
-                complete = complete and reached >= end
-                answer.records.add(topic=topic, queue_id=queue_id, frames=frames)
+        ends, left, budget = {}, set(), MAX_RESPONSE_BYTES
+        for topic, queue_id in sorted(stream.candidates(topics)):
+            if queue_id >= topics.get(topic, 0):
+                continue  # its topic was deleted since its end moved
+            queue = store.queue(topic, queue_id)
+            key = queue_key(topic, queue_id)
+            ends[key] = end = queue.max_offset
+            # Behind what retention left: from the first offset (the slave starts its copy there).
+            start = max(have.get(key, 0), queue.min_offset)
+            if start >= end:
+                continue
+            if budget <= 0:
+                left.add((topic, queue_id))
+                continue
+            frames, reached = queue.read_frames(start, budget)
+            budget -= len(frames)
+            if reached < end:
+                left.add((topic, queue_id))
+            answer.records.add(topic=topic, queue_id=queue_id, frames=frames)
+        stream.left = left
         with self._cond:
             version = self.offsets_version
         if fetch.offsets_version != version:
             answer.offsets_version = version
             answer.offsets = json.dumps(self.service.offsets.snapshot()).encode()
-        return answer, ends if complete else None
+        return answer, None if left else ends
 
     def _collect_txn_changes(self, seq: int, answer: pb.ReplicaData) -> None:
         changes = self.txn_log.since(seq)
@@ -453,7 +472,16 @@ class ReplicaSource:
 
 
 class FetchStream:
-    """One slave's stream of fetches, over gRPC or the lean port: what it acknowledged and who it is."""
+    """One slave's stream of fetches, over gRPC or the lean port: who it is, what it acknowledged,
+    and where its copy of each queue ends.
+
+    A slave's fetch lists the ends of all its queues, or (``delta``, once its master said it takes
+    them) of those that moved since its previous fetch on the stream. The stream keeps the whole
+    picture, and a watch of the queues whose end moved on this master: an answer looks at every
+    queue after a whole fetch, and otherwise only at those that moved here, and those the previous
+    answer left behind (cut short at ``MAX_RESPONSE_BYTES``). So a fetch costs what changed, not
+    the number of queues the group holds.
+    """
 
     def __init__(self, source: ReplicaSource) -> None:
         self._source = source
@@ -461,15 +489,45 @@ class FetchStream:
         # When this stream's last answer was sent: the next fetch on this stream (not on another of
         # the slave's, which may have replaced a half-open one) says it was received.
         self._sent_at: float | None = None
+        self.have: dict[str, int] = {}  # where the slave's copy of each queue ends, as its fetches said
+        self.moved: dict[str, int] = {}  # the ends the last fetch listed
+        self.left: set[QueueRef] = set()  # queues the last answer did not bring up to the master's end
+        self._watch: EndWatch | None = None
+        self._rescan = False
 
     async def answer(self, fetch: pb.ReplicaFetch) -> pb.ReplicaData:
         if self._follower_id is None:
             self._follower_id = fetch.broker_id
             self._source.stream_opened(self._follower_id)
-        answer, self._sent_at = await self._source.serve_fetch(fetch, self._sent_at)
+        if not fetch.handshake:
+            self._take_ends(fetch)
+        answer, self._sent_at = await self._source.serve_fetch(fetch, self._sent_at, self)
         return answer
 
+    def _take_ends(self, fetch: pb.ReplicaFetch) -> None:
+        self.moved = {queue_key(p.topic, p.queue_id): p.offset for p in fetch.ends}
+        if fetch.delta:
+            if self._watch is None:
+                raise InvalidRequestError("a ReplicaFetch listing moved ends only, before one listing every end")
+            self.have.update(self.moved)
+            return
+        self.have = dict(self.moved)
+        if self._watch is None:
+            self._watch = self._source.service.store.watch_ends()
+        self._watch.take()  # the whole look below sees every move up to now
+        self._rescan = True
+
+    def candidates(self, topics: dict[str, int]) -> set[QueueRef]:
+        """The queues an answer looks at (see the class docstring)."""
+        if self._rescan:
+            self._rescan = False
+            return {(topic, queue_id) for topic, count in topics.items() for queue_id in range(count)}
+        return self._watch.take() | self.left if self._watch is not None else set()
+
     def close(self) -> None:
+        if self._watch is not None:
+            self._source.service.store.unwatch_ends(self._watch)
+            self._watch = None
         if self._follower_id is not None:
             self._source.stream_closed(self._follower_id)
             self._follower_id = None

@@ -98,6 +98,7 @@ class QueueLog:
         self.sync = sync
         self.clock = clock
         self.dirty = False
+        self.on_end_moved: Callable[[], None] | None = None  # called under the lock when max_offset moves
         self._closed = False
         self.cut_reports: list[CutReport] = []
         self._lock = threading.Lock()
@@ -258,7 +259,7 @@ class QueueLog:
             result = AppendResult(base, count, store_ts)
             if phash:
                 self._remember(phash, sequence, result)
-            self._appended.notify_all()
+            self._end_moved()
             return result
 
     def _stored_since(self, phash: int, sequence: int, since: int) -> AppendResult | None:
@@ -328,8 +329,13 @@ class QueueLog:
                 at += header.size
             if not self.sync:
                 self.dirty = True
-            self._appended.notify_all()
+            self._end_moved()
             return self.max_offset
+
+    def _end_moved(self) -> None:
+        self._appended.notify_all()
+        if self.on_end_moved is not None:
+            self.on_end_moved()
 
     def truncate(self, offset: int) -> int:
         """Drop every message from ``offset`` on (a replica's tail its group's master never had);
@@ -346,6 +352,8 @@ class QueueLog:
                 self._rebuild_producers(seg)
             if self._visible is not None:
                 self._visible = min(self._visible, self.max_offset)
+            if self.on_end_moved is not None:
+                self.on_end_moved()
             log.warning("queue %s truncated to offset %d: the tail past it was never in its group", self._name,
                         self.max_offset)
             return self.max_offset
@@ -365,6 +373,8 @@ class QueueLog:
             if self._visible is not None:
                 self._visible = offset
             fsync_dir(self.directory)
+            if self.on_end_moved is not None:
+                self.on_end_moved()
             log.warning("queue %s restarts at offset %d: its master's retention removed what preceded it", self._name,
                         offset)
 

@@ -16,6 +16,7 @@ cleared when a topic of that name is created again.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import shutil
@@ -25,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from broker.persist import fsync_dir, make_durable_dir, read_json, write_failure_as_error, write_json_atomic
+from broker.storage.end_watch import EndWatch
 from broker.storage.lost_writes import LostWrites
 from broker.storage.open_files import OpenFiles, budget_for_limit
 from broker.storage.queue_log import QueueLog
@@ -72,6 +74,7 @@ class Store:
         make_durable_dir(self.data_dir)
         self._topics: dict[str, int] = {name: int(n) for name, n in read_json(self._meta_path, {}).items()}
         self._queues: dict[tuple[str, int], QueueLog] = {}
+        self._watches: list[EndWatch] = []  # see watch_ends
         self._holding_back = False  # see hold_back
         self.lost_writes = LostWrites()  # a failed flush: nothing more is stored
         budget = budget_for_limit() if open_files_budget is None else open_files_budget
@@ -101,7 +104,23 @@ class Store:
         )
         if self._holding_back:
             queue.hold_back()
+        queue.on_end_moved = functools.partial(self._end_moved, (topic, queue_id))
         return queue
+
+    def _end_moved(self, ref: tuple[str, int]) -> None:
+        for watch in self._watches:
+            watch.mark(ref)
+
+    def watch_ends(self) -> EndWatch:
+        """A watch marked with each queue whose end moves from now on (``unwatch_ends`` when done)."""
+        watch = EndWatch()
+        with self._lock:
+            self._watches = [*self._watches, watch]  # a new list: appends iterate the old one unlocked
+        return watch
+
+    def unwatch_ends(self, watch: EndWatch) -> None:
+        with self._lock:
+            self._watches = [w for w in self._watches if w is not watch]
 
     def hold_back(self) -> None:
         """Every queue, and every queue created later, keeps newly stored messages from readers

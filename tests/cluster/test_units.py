@@ -9,10 +9,11 @@ import threading
 
 import pytest
 
+from broker.cluster import replication
 from broker.cluster.control import GroupState
 from broker.cluster.epochs import EpochHistory, truncation_points
 from broker.cluster.follower import CampaignPromise
-from broker.cluster.replication import ReplicaSource
+from broker.cluster.replication import FetchStream, ReplicaSource
 from broker.cluster.txnlog import TxnChangeLog, apply_changes, table_changes
 from broker.config import BrokerConfig
 from broker.locks import LockManager
@@ -20,11 +21,13 @@ from broker.offsets import OffsetStore
 from broker.proto import orderlymq_pb2 as pb
 from broker.service import BrokerService
 from broker.storage import QueueLog
+from broker.storage.record import HEADER, parse_header
 from broker.transactions import ABORTED, COMMITTED, COMMITTING, TransactionManager, prepare_change
 from broker.wire import codec
 from broker.wire.errors import (
     DamagedRecordError,
     InvalidOptionError,
+    InvalidRequestError,
     NotMasterError,
     OffsetOutOfRangeError,
     ReplicationTimeoutError,
@@ -122,18 +125,19 @@ def test_a_promise_runs_from_an_answer_sent_on_the_stream_that_acknowledges_it(t
     source.activate(GroupState(1, 0, "", frozenset({0, 1})), {})
     handshake = pb.ReplicaFetch(broker_id=1, group_epoch=1, handshake=True)
     fetch = pb.ReplicaFetch(broker_id=1, group_epoch=1)
-    _, old_sent = source._answer(handshake)  # the old stream's
-    _, new_sent = source._answer(handshake)  # the new stream's, answered later
-    source._take_acknowledgement(fetch, old_sent)  # on the old stream: the new stream's answer is not acknowledged
+    _, old_sent = source._answer(handshake, FetchStream(source))  # the old stream's
+    _, new_sent = source._answer(handshake, FetchStream(source))  # the new stream's, answered later
+    source._take_acknowledgement(fetch, old_sent, {})  # on the old stream: the new stream's answer is not acknowledged
     assert source.promised_until(1.0) == old_sent + 1.0 < new_sent + 1.0
-    source._take_acknowledgement(fetch, new_sent)
+    source._take_acknowledgement(fetch, new_sent, {})
     assert source.promised_until(1.0) == new_sent + 1.0
     source.close()
     service.close()
 
 
-def _fetch_up_to(offset: int) -> pb.ReplicaFetch:
-    return pb.ReplicaFetch(broker_id=1, group_epoch=1, ends=[pb.QueuePosition(topic="t", queue_id=0, offset=offset)])
+def _acknowledge_up_to(source: ReplicaSource, offset: int) -> None:
+    fetch = pb.ReplicaFetch(broker_id=1, group_epoch=1, ends=[pb.QueuePosition(topic="t", queue_id=0, offset=offset)])
+    source._take_acknowledgement(fetch, None, {"t/0": offset})
 
 
 def test_a_send_on_the_loop_awaits_the_fetch_that_acknowledges_it_and_fails_on_timeout_or_step_down(tmp_path):
@@ -144,14 +148,14 @@ def test_a_send_on_the_loop_awaits_the_fetch_that_acknowledges_it_and_fails_on_t
     service.CreateTopic(pb.CreateTopicRequest(topic="t", queue_count=1))
     source = ReplicaSource(service, EpochHistory(tmp_path / "epochs.json"), 0, lambda: NotMasterError("stepped down"))
     source.activate(GroupState(1, 0, "", frozenset({0, 1})), {})
-    source._answer(pb.ReplicaFetch(broker_id=1, group_epoch=1, handshake=True))
+    source._answer(pb.ReplicaFetch(broker_id=1, group_epoch=1, handshake=True), FetchStream(source))
 
     async def scenario() -> None:
         waiting = asyncio.create_task(source.replicated("t", 0, 5))
-        source._take_acknowledgement(_fetch_up_to(4), None)
+        _acknowledge_up_to(source, 4)
         await asyncio.sleep(0.05)
         assert not waiting.done(), "the slave is short of the send's end"
-        taker = threading.Thread(target=source._take_acknowledgement, args=(_fetch_up_to(5), None))
+        taker = threading.Thread(target=_acknowledge_up_to, args=(source, 5))
         taker.start()
         await asyncio.wait_for(waiting, 5)
         taker.join()
@@ -170,6 +174,45 @@ def test_a_send_on_the_loop_awaits_the_fetch_that_acknowledges_it_and_fails_on_t
     service.close()
 
 
+def test_a_master_answers_fetches_of_moved_ends_from_the_queues_that_moved_or_were_left_behind(tmp_path,
+                                                                                             monkeypatch):
+    """After a whole fetch, a slave lists only the ends that moved: the master answers with the
+    queues whose end moved since its last answer, and those an answer cut short left behind; a
+    stream whose first fetch lists moved ends only is refused."""
+    monkeypatch.setattr(replication, "FETCH_WAIT_S", 0.05)  # an answer with nothing to send comes back soon
+    monkeypatch.setattr(replication, "MAX_RESPONSE_BYTES", 1)  # each answer ends after its first queue
+    service = BrokerService(BrokerConfig(data_dir=str(tmp_path / "master")))
+    service.CreateTopic(pb.CreateTopicRequest(topic="t", queue_count=4))
+    source = ReplicaSource(service, EpochHistory(tmp_path / "epochs.json"), 0, lambda: NotMasterError("stepped down"))
+    source.activate(GroupState(1, 0, "", frozenset({0})), {})
+    queues = [service.store.queue("t", q) for q in range(4)]
+    stream = FetchStream(source)
+
+    def fetch(ends: dict[int, int], delta: bool) -> dict[int, int]:
+        """The answer to a fetch listing ``ends``: the messages of the (one) record of each queue it carries."""
+        positions = [pb.QueuePosition(topic="t", queue_id=q, offset=end) for q, end in ends.items()]
+        answer = asyncio.run(stream.answer(pb.ReplicaFetch(broker_id=1, group_epoch=1, ends=positions, delta=delta)))
+        return {r.queue_id: parse_header(r.frames[:HEADER.size]).count for r in answer.records}
+
+    greeting = asyncio.run(stream.answer(pb.ReplicaFetch(broker_id=1, group_epoch=1, handshake=True)))
+    assert greeting.delta_fetches
+    queues[0].append(*batch(0, 2))
+    queues[2].append(*batch(0, 3))
+    assert fetch({q: 0 for q in range(4)}, delta=False) == {0: 2}  # cut short: queue 2 is left behind
+    assert fetch({0: 2}, delta=True) == {2: 3}  # nothing moved since, the one left behind comes now
+    assert fetch({2: 3}, delta=True) == {}
+    queues[3].append(*batch(0, 1))
+    assert fetch({}, delta=True) == {3: 1}  # only what moved is looked at
+    assert fetch({3: 1}, delta=True) == {}
+    stream.close()
+
+    with pytest.raises(InvalidRequestError, match="before one listing every end"):
+        fresh = FetchStream(source)
+        asyncio.run(fresh.answer(pb.ReplicaFetch(broker_id=1, group_epoch=1, delta=True)))
+    source.close()
+    service.close()
+
+
 def test_a_slave_stays_connected_while_any_of_its_streams_is_open(tmp_path):
     """A slave that dialed again has its new stream open before the old one ends: the old one's
     end does not make it look gone (out of reach of the sync-state set) until its next fetch. A
@@ -178,7 +221,7 @@ def test_a_slave_stays_connected_while_any_of_its_streams_is_open(tmp_path):
     source = ReplicaSource(service, EpochHistory(tmp_path / "epochs.json"), 0, lambda: NotMasterError("stepped down"))
     source.stream_opened(1)
     source.activate(GroupState(1, 0, "", frozenset({0, 1})), {})
-    source._answer(pb.ReplicaFetch(broker_id=1, group_epoch=1, handshake=True))
+    source._answer(pb.ReplicaFetch(broker_id=1, group_epoch=1, handshake=True), FetchStream(source))
     source.stream_opened(1)  # dialed again
     source.stream_closed(1)  # the old stream ends
     assert [r.connected for r in source.replica_status()] == [True]
