@@ -16,7 +16,7 @@ import grpc
 from broker.proto import orderlymq_pb2 as pb
 from broker.proto import orderlymq_pb2_grpc as pb_grpc
 from broker.wire.errors import from_answer
-from broker.wire.frames import LENGTH, REPLICAS, check_hello, open_lean, read_exactly
+from broker.wire.frames import LENGTH, REPLICAS, WrongVersionError, check_hello, open_lean, read_exactly
 
 __all__ = ["GrpcFetches", "LeanFetches"]
 
@@ -45,13 +45,18 @@ class GrpcFetches:
 
 class LeanFetches:
     """Fetches on a connection to the lean port ``port`` of ``host``; ``OSError`` when it cannot
-    be opened, or the broker does not take replication there (another version)."""
+    be opened, ``WrongVersionError`` (one) when the broker does not take replication there (another
+    version)."""
 
     def __init__(self, host: str, port: int) -> None:
         self._sock = open_lean(host, port, _CONNECT_TIMEOUT_S, REPLICAS)
         try:
             check_hello(self._sock, REPLICAS)
             self._sock.settimeout(None)  # an answer may take the master's idle wait: the fetcher's watch bounds it
+        except ConnectionError as exc:
+            self._sock.close()
+            raise WrongVersionError(f"the master closed its lean port at the hello ({exc}): a version that does not "
+                                    "take replication there") from exc
         except BaseException:
             self._sock.close()
             raise

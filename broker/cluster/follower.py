@@ -33,6 +33,7 @@ from broker.proto import orderlymq_pb2_grpc as pb_grpc
 from broker.service import BrokerService
 from broker.storage.record import HEADER, parse_header
 from broker.wire.errors import NotMasterError, OrderlyMQError, from_rpc_error
+from broker.wire.frames import WrongVersionError
 
 __all__ = ["CampaignPromise", "ReplicaFetcher"]
 
@@ -167,11 +168,15 @@ class ReplicaFetcher(threading.Thread):
 
     def _open_fetches(self, channel: grpc.Channel) -> tuple[LeanFetches | GrpcFetches, bool]:
         """Over the master's lean port where the link may (plaintext, no credentials) and the master
-        serves one; else, or when that fails (then True), over gRPC."""
+        serves one; else over gRPC: for the whole stream when the master's version does not take
+        replication there, else, when the port fails, for a while (then True)."""
         port = self._lean_port(channel) if self.link.plain else 0
         if port:
             try:
                 return LeanFetches(self.master_address.rpartition(":")[0], port), False
+            except WrongVersionError as exc:  # asked again once this stream ends (the master restarted)
+                log.info("replication from %s: %s; over gRPC", self.master_address, exc)
+                return GrpcFetches(channel, self.link.metadata()), False
             except OSError as exc:
                 log.info("replication from %s over its lean port %d failed (%s); over gRPC for %.0f s",
                          self.master_address, port, exc, _LEAN_RETRY_S)

@@ -4,12 +4,15 @@ A group's replication over the port is judged in tests/faults/test_cluster_repli
 
 from __future__ import annotations
 
+import socket
+import threading
+
 import pytest
 
 from broker.cluster.fetches import LeanFetches
 from broker.proto import orderlymq_pb2 as pb
 from broker.wire.errors import InvalidRequestError
-from broker.wire.frames import LENGTH, read_exactly
+from broker.wire.frames import LENGTH, WrongVersionError, read_exactly
 from tests.broker.test_send_port import _send_port
 
 
@@ -40,3 +43,19 @@ def test_a_malformed_fetch_is_answered_with_an_error(broker):
     finally:
         fetches.close()
     assert answer.error_kind == "InvalidRequestError" and "ReplicaFetch" in answer.error_message
+
+
+def test_a_lean_port_that_closes_at_the_hello_is_a_master_of_another_version():
+    """A broker of a version before replication on the lean port closes the connection at the
+    hello (an unknown kind): the fetcher tells that from a port that fails, and stays on gRPC."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        def read_the_hello_and_close() -> None:
+            conn = server.accept()[0]
+            with conn:
+                conn.recv(64)
+
+        closing = threading.Thread(target=read_the_hello_and_close)
+        closing.start()
+        with pytest.raises(WrongVersionError, match="closed its lean port at the hello"):
+            LeanFetches("127.0.0.1", server.getsockname()[1])
+        closing.join()
