@@ -21,7 +21,7 @@ from broker.wire.errors import TopicNotFoundError
 from connector.client import Admin, Producer
 from connector.client.connection import BrokerConnection, pb
 from connector.client.routed import RoutedConnection
-from connector.history import History, check
+from connector.history import History, Verdict, check
 from connector.spark.transactions import SINK_LOG_TOPIC
 from tests.faults.fault_profile import PROFILE
 from tests.faults.workload import body, parse_body, stored_deliveries
@@ -96,6 +96,36 @@ def run_job(job: Path, env: dict[str, str], log: Path, *args: str) -> subprocess
                                 stderr=subprocess.STDOUT, start_new_session=True)
 
 
+def create_topics(address: str) -> None:
+    with Admin(address) as admin:
+        for topic in (SOURCE, SINK):
+            admin.create_topic(topic, QUEUES)
+
+
+def local_job_args(address: str, tmp_path: Path) -> list[str]:
+    """The pipeline job's arguments for a run on local[2], which does not retry a failed task: its
+    fail marker exists already, so no task fails."""
+    marker = tmp_path / "failed-once.json"
+    marker.write_text("{}")
+    return ["--brokers", address, "--source", SOURCE, "--sink", SINK, "--group", GROUP,
+            "--checkpoint", str(tmp_path / "checkpoint"), "--fail-marker", str(marker),
+            "--max-per-trigger", str(PROFILE.spark_max_per_trigger)]
+
+
+def restart_and_judge(address: str, conn: BrokerConnection, history: History, seqs: dict[str, int], produced: int,
+                      args: list[str], tmp_path: Path) -> tuple[Verdict, dict[int, int], dict[int, int]]:
+    """The rest of the input, then the job restarted from its checkpoint under this connector
+    (available-now); the output judged by the strict checker, the source group's offsets, and the
+    source's ends."""
+    produce(address, history, seqs, PROFILE.spark_messages - produced)
+    restarted = run_job(JOB, spark_env(tmp_path), tmp_path / "restarted.log", *args, "--trigger", "available-now")
+    assert restarted.wait(timeout=600) == 0, (tmp_path / "restarted.log").read_text()[-3000:]
+    output = check(history.sends, stored_deliveries(conn, SINK))
+    ends = {q: conn.call("QueryOffsets", pb.QueryOffsetsRequest(topic=SOURCE, queue_id=q)).max_offset
+            for q in range(QUEUES)}
+    return output, committed(conn, GROUP, SOURCE), ends
+
+
 def sink_plans(conn: BrokerConnection) -> set[int]:
     """Batch ids whose commit plan the sink recorded (see connector.spark.transactions)."""
     try:
@@ -122,9 +152,7 @@ def executor_pids(work_dir: Path) -> list[int]:
 def test_pipeline_output_is_complete_ordered_and_once_through_task_executor_and_driver_failures(
         broker_proc, fault_report, tmp_path):
     proc = broker_proc(flush="sync")
-    with Admin(proc.address) as admin:
-        admin.create_topic(SOURCE, QUEUES)
-        admin.create_topic(SINK, QUEUES)
+    create_topics(proc.address)
     run_pipeline_through_failures(proc.address, BrokerConnection(proc.address, retry_timeout=30), fault_report,
                                   tmp_path, "4 Spark pipeline")
 
@@ -190,17 +218,11 @@ def test_a_driver_killed_in_its_first_batch_restarts_it_from_where_it_started(br
     held), then go on; the output judged by the strict checker."""
     address = broker.address
     conn = BrokerConnection(address)
-    with Admin(address) as admin:
-        for topic in (SOURCE, SINK):
-            admin.create_topic(topic, QUEUES)
+    create_topics(address)
     history, seqs = History(), {}
     first = PROFILE.spark_messages // 2
     produce(address, history, seqs, first)
-    marker, hold = tmp_path / "failed-once.json", tmp_path / "holding"
-    marker.write_text("{}")  # no injected task failure: local[2] does not retry tasks
-    args = ["--brokers", address, "--source", SOURCE, "--sink", SINK, "--group", GROUP,
-            "--checkpoint", str(tmp_path / "checkpoint"), "--fail-marker", str(marker),
-            "--max-per-trigger", str(PROFILE.spark_max_per_trigger)]
+    hold, args = tmp_path / "holding", local_job_args(address, tmp_path)
     driver = run_job(JOB, spark_env(tmp_path), tmp_path / "first.log", *args, "--hold-marker", str(hold),
                      "--trigger", "interval")
     try:
@@ -210,15 +232,9 @@ def test_a_driver_killed_in_its_first_batch_restarts_it_from_where_it_started(br
     finally:
         kill_group(driver)
     assert in_flight == 0, "killed in the first batch"
-    produce(address, history, seqs, PROFILE.spark_messages - first)
-    restarted = run_job(JOB, spark_env(tmp_path), tmp_path / "restarted.log", *args, "--trigger", "available-now")
-    assert restarted.wait(timeout=600) == 0, (tmp_path / "restarted.log").read_text()[-3000:]
-    output = check(history.sends, stored_deliveries(conn, SINK))
-    source_committed = committed(conn, GROUP, SOURCE)
-    source_ends = {q: conn.call("QueryOffsets", pb.QueryOffsetsRequest(topic=SOURCE, queue_id=q)).max_offset
-                   for q in range(QUEUES)}
+    output, source_committed, ends = restart_and_judge(address, conn, history, seqs, first, args, tmp_path)
     conn.close()
     fault_report("Spark pipeline, driver kill -9 in its first batch + restart", {"output": output},
                  source_committed=sum(source_committed.values()))
     assert output.ok, str(output)
-    assert source_committed == source_ends
+    assert source_committed == ends

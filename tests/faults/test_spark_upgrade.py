@@ -10,26 +10,21 @@ from __future__ import annotations
 
 import pytest
 
-from connector.client import Admin
-from connector.client.connection import BrokerConnection, pb
-from connector.history import History, check
+from connector.client.connection import BrokerConnection
+from connector.history import History
 from tests.faults.fault_profile import PROFILE
 from tests.faults.test_spark_pipeline import (
-    GROUP,
-    JOB,
-    QUEUES,
-    SINK,
-    SOURCE,
     await_output,
     batch_in_flight,
+    create_topics,
     kill_group,
+    local_job_args,
     produce,
+    restart_and_judge,
     run_job,
     sink_plans,
 )
-from tests.faults.workload import stored_deliveries
 from tests.jobs.cluster import spark_env
-from tests.spark.helpers import committed
 from tests.support import FIRST_RELEASE, older_code
 
 pytestmark = pytest.mark.spark
@@ -44,19 +39,13 @@ OLDER_TREE = ("broker", "connector", "pyspark_orderlymq", "spark_jobs", "tests/_
 def test_a_query_of_the_first_release_goes_on_under_this_connector(broker, fault_report, tmp_path):
     address = broker.address
     conn = BrokerConnection(address)
-    with Admin(address) as admin:
-        for topic in (SOURCE, SINK):
-            admin.create_topic(topic, QUEUES)
+    create_topics(address)
     history, seqs = History(), {}
     first = PROFILE.spark_messages * 2 // 3
     produce(address, history, seqs, first)
     older = older_code(tmp_path, FIRST_RELEASE, *OLDER_TREE)
     older_env = {**spark_env(tmp_path), "PYTHONPATH": str(older)}  # the job's tasks import the older connector too
-    marker = tmp_path / "failed-once.json"
-    marker.write_text("{}")  # no injected task failure: local[2] does not retry tasks
-    args = ["--brokers", address, "--source", SOURCE, "--sink", SINK, "--group", GROUP,
-            "--checkpoint", str(tmp_path / "checkpoint"), "--fail-marker", str(marker),
-            "--max-per-trigger", str(PROFILE.spark_max_per_trigger)]
+    args = local_job_args(address, tmp_path)
     driver = run_job(older / "tests" / "faults" / "spark_pipeline.py", older_env, tmp_path / "older.log", *args,
                      "--trigger", "interval")
     try:
@@ -68,16 +57,10 @@ def test_a_query_of_the_first_release_goes_on_under_this_connector(broker, fault
         kill_group(driver)
     in_flight = batch_in_flight(tmp_path / "checkpoint")
     planned = sink_plans(conn)
-    produce(address, history, seqs, PROFILE.spark_messages - first)
-    restarted = run_job(JOB, spark_env(tmp_path), tmp_path / "current.log", *args, "--trigger", "available-now")
-    assert restarted.wait(timeout=600) == 0, (tmp_path / "current.log").read_text()[-3000:]
-    output = check(history.sends, stored_deliveries(conn, SINK))
-    source_committed = committed(conn, GROUP, SOURCE)
-    source_ends = {q: conn.call("QueryOffsets", pb.QueryOffsetsRequest(topic=SOURCE, queue_id=q)).max_offset
-                   for q in range(QUEUES)}
+    output, source_committed, ends = restart_and_judge(address, conn, history, seqs, first, args, tmp_path)
     conn.close()
     fault_report("Spark pipeline of the first release, driver kill -9, restarted under this connector",
                  {"output": output}, output_at_driver_kill=at_kill, batch_in_flight_at_driver_kill=in_flight,
                  its_commit_plan_recorded=in_flight in planned, source_committed=sum(source_committed.values()))
     assert output.ok, str(output)
-    assert source_committed == source_ends
+    assert source_committed == ends
