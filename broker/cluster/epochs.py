@@ -23,13 +23,18 @@ from pathlib import Path
 
 from broker.persist import read_json, write_json_atomic
 
-__all__ = ["EpochHistory", "queue_key", "truncation_points"]
+__all__ = ["EpochHistory", "keyed", "queue_key", "truncation_points"]
 
 _KEPT_EPOCHS = 1000  # the oldest entries are dropped: no replica is that many terms behind
 
 
 def queue_key(topic: str, queue_id: int) -> str:
     return f"{topic}/{queue_id}"
+
+
+def keyed(ends: dict[tuple[str, int], int]) -> dict[str, int]:
+    """``ends`` (``Store.ends``) by ``queue_key``, as histories and fetches name queues."""
+    return {queue_key(topic, queue_id): end for (topic, queue_id), end in ends.items()}
 
 
 def truncation_points(last_epoch: int, ends: dict[str, int], master_history: list) -> dict[str, int]:

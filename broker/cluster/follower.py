@@ -23,7 +23,7 @@ import time
 import grpc
 
 from broker.cluster import lease_clock
-from broker.cluster.epochs import EpochHistory, queue_key, truncation_points
+from broker.cluster.epochs import EpochHistory, keyed, truncation_points
 from broker.cluster.fetches import GrpcFetches, LeanFetches
 from broker.cluster.link import ReplicationLink
 from broker.cluster.replication import MAX_RESPONSE_BYTES
@@ -197,22 +197,17 @@ class ReplicaFetcher(threading.Thread):
         self.promise.renew()  # before the next fetch tells the master it was received
         return answer
 
-    def _store_ends(self) -> dict[tuple[str, int], int]:
-        store = self.service.store
-        return {(t, q): store.queue(t, q).max_offset for t, n in store.topics().items() for q in range(n)}
-
     def _truncate(self, master_history: list) -> None:
         """Cut what the master never had, then adopt its history (in that order: a crash in
         between cuts again, never keeps a tail)."""
         store = self.service.store
-        ends = {queue_key(topic, queue_id): end for (topic, queue_id), end in self._store_ends().items()}
-        for key, offset in truncation_points(self.history.epoch, ends, master_history).items():
+        for key, offset in truncation_points(self.history.epoch, keyed(store.ends()), master_history).items():
             topic, _, queue_id = key.rpartition("/")
             store.queue(topic, int(queue_id)).truncate(offset)
         self.history.follow(self.epoch, master_history)
 
     def _known_from_store(self) -> None:
-        self._known, self._moved = self._store_ends(), {}
+        self._known, self._moved = self.service.store.ends(), {}
 
     def _fetch(self) -> pb.ReplicaFetch:
         """The next fetch: the ends that moved since the previous one when the master takes that,

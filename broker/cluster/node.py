@@ -52,7 +52,7 @@ from kazoo.exceptions import ConnectionLoss, OperationTimeoutError, SessionExpir
 
 from broker.cluster import lease_clock
 from broker.cluster.control import GroupControl, GroupState
-from broker.cluster.epochs import EpochHistory, queue_key
+from broker.cluster.epochs import EpochHistory, keyed, queue_key
 from broker.cluster.follower import CampaignPromise, ReplicaFetcher
 from broker.cluster.link import ReplicationLink
 from broker.cluster.replication import FetchStream, ReplicaSource
@@ -349,7 +349,7 @@ class ClusterNode:
 
     def _promote(self, state: GroupState) -> None:
         store = self.service.store
-        starts = {queue_key(t, q): store.queue(t, q).max_offset for t, n in store.topics().items() for q in range(n)}
+        starts = keyed(store.ends())
         self.history.begin_term(state.epoch, starts)
         if self.config.replication == "sync":  # readers see only what the sync-state set holds
             store.hold_back()

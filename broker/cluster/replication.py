@@ -37,7 +37,7 @@ from google.protobuf.message import DecodeError
 
 from broker.cluster import lease_clock
 from broker.cluster.control import GroupState
-from broker.cluster.epochs import EpochHistory, queue_key
+from broker.cluster.epochs import EpochHistory, keyed, queue_key
 from broker.cluster.txnlog import TxnChangeLog, table_changes
 from broker.proto import orderlymq_pb2 as pb
 from broker.service import BrokerService
@@ -417,8 +417,7 @@ class ReplicaSource:
         self._notify()
 
     def _ends(self) -> dict[str, int]:
-        store = self.service.store
-        return {queue_key(t, q): store.queue(t, q).max_offset for t, n in store.topics().items() for q in range(n)}
+        return keyed(self.service.store.ends())
 
     def _collect(self, fetch: pb.ReplicaFetch, stream: FetchStream) -> tuple[pb.ReplicaData, dict[str, int] | None]:
         """What follows the slave's copy in the queues ``stream`` looks at; and their ends when that

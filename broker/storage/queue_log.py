@@ -56,6 +56,10 @@ _MAX_PRODUCERS = 10_000  # idempotence state kept per queue (least recently used
 _MAX_RESULTS_PER_PRODUCER = compaction.PRODUCER_RESULTS
 
 
+def _nothing() -> None:
+    pass
+
+
 class AppendResult(NamedTuple):  # a tuple: built on every append, where a frozen dataclass costs more
     base_offset: int
     count: int
@@ -98,7 +102,7 @@ class QueueLog:
         self.sync = sync
         self.clock = clock
         self.dirty = False
-        self.on_end_moved: Callable[[], None] | None = None  # called under the lock when max_offset moves
+        self.on_end_moved: Callable[[], None] = _nothing  # called under the lock when max_offset moves
         self._closed = False
         self.cut_reports: list[CutReport] = []
         self._lock = threading.Lock()
@@ -334,8 +338,7 @@ class QueueLog:
 
     def _end_moved(self) -> None:
         self._appended.notify_all()
-        if self.on_end_moved is not None:
-            self.on_end_moved()
+        self.on_end_moved()
 
     def truncate(self, offset: int) -> int:
         """Drop every message from ``offset`` on (a replica's tail its group's master never had);
@@ -352,8 +355,7 @@ class QueueLog:
                 self._rebuild_producers(seg)
             if self._visible is not None:
                 self._visible = min(self._visible, self.max_offset)
-            if self.on_end_moved is not None:
-                self.on_end_moved()
+            self.on_end_moved()
             log.warning("queue %s truncated to offset %d: the tail past it was never in its group", self._name,
                         self.max_offset)
             return self.max_offset
@@ -373,8 +375,7 @@ class QueueLog:
             if self._visible is not None:
                 self._visible = offset
             fsync_dir(self.directory)
-            if self.on_end_moved is not None:
-                self.on_end_moved()
+            self.on_end_moved()
             log.warning("queue %s restarts at offset %d: its master's retention removed what preceded it", self._name,
                         offset)
 

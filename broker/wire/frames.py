@@ -8,9 +8,10 @@ producers' sends, the Spark source's pulls and a group's replication may use a l
 connection carries (u16: ``SENDS``, ``PULLS`` or ``REPLICAS``); the broker answers with the version
 it speaks and echoes what the connection carries, and a client that gets another version, or
 another kind (a broker that only takes sends answers ``SENDS``), closes the connection. Then each
-request is a frame, u32 length (little endian) + a serialized request, and each answer a frame holding the response, in request
-order, with the failure of a request in its ``error_*`` fields like a ``SendStream`` answer. A
-frame longer than the broker's limit gets an error answer and the connection closes.
+request is a frame, u32 length (little endian) + a serialized request, and each answer a frame
+holding the response, in request order, with the failure of a request in its ``error_*`` fields
+like a ``SendStream`` answer. A frame longer than the broker's limit gets an error answer and the
+connection closes.
 """
 
 from __future__ import annotations
