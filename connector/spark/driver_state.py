@@ -101,16 +101,16 @@ class DriverState:
                 self._left[ref] = offset.offset
         return found
 
-    def start_unchecked(self, queues: list[QueueRef]) -> dict[QueueRef, GroupOffset]:
-        """Hold ``queues``, then accept the group's offsets: a start with no checkpoint to compare."""
+    def hold_and_accept(self, queues: list[QueueRef]) -> dict[QueueRef, GroupOffset]:
+        """Hold ``queues``, then accept the group's offsets as this client's starting point; the one
+        look at the group a start makes (``checked``)."""
         self.locks.epochs(queues)  # hold the queues before reading the group's committed offsets
         self.checked = True
         return self.accept_group(queues)
 
     def check_checkpoint(self, checkpoint: Positions, queues: list[QueueRef]) -> None:
         """Compare a checkpoint's positions with the group's offsets (once, on a restart)."""
-        self.checked = True
-        found = self.accept_group(queues)
+        found = self.hold_and_accept(queues)
         conflicts = {
             ref: (pos, found[ref]) for ref, pos in sorted(checkpoint.items())
             if ref in found and moved_by_other(found[ref], self.client_id, pos)

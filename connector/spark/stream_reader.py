@@ -96,9 +96,7 @@ class OrderlyMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             )
         state = self._driver
         if not state.checked and checkpoint is not None:
-            queues = state.queues()
-            state.locks.epochs(queues)  # hold the queues before reading the group's offsets
-            state.check_checkpoint(checkpoint, queues)
+            state.check_checkpoint(checkpoint, state.queues())
         return state
 
     def initialOffset(self) -> dict:
@@ -115,7 +113,7 @@ class OrderlyMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         if self._first is None:
             state = self._state(client_id_of(fresh))
             queues = state.queues()
-            state.start_unchecked(queues)
+            state.hold_and_accept(queues)
             start = metadata.resolve_positions(
                 state.conn,
                 self.options.starting,
@@ -139,7 +137,7 @@ class OrderlyMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
     def _start_from_group(self, client_id: str, queues: list[QueueRef]) -> Positions:
         """The start of a first batch planned by an earlier connector, which did not record it: the
         group's offsets, which that planning committed as ``client_id``."""
-        found = self._state(client_id).start_unchecked(queues)
+        found = self._state(client_id).hold_and_accept(queues)
         unknown = {ref: found[ref] for ref in queues if found[ref].offset < 0 or found[ref].committed_by != client_id}
         if unknown:
             listed = "; ".join(f"{topic}/{queue_id}: {offset.describe()}" for (topic, queue_id), offset in unknown.items())

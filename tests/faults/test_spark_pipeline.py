@@ -26,7 +26,7 @@ from connector.spark.transactions import SINK_LOG_TOPIC
 from tests.faults.fault_profile import PROFILE
 from tests.faults.workload import body, parse_body, stored_deliveries
 from tests.jobs.cluster import ROOT, SPARK_HOME, StandaloneCluster, spark_env
-from tests.spark.helpers import committed
+from tests.spark.helpers import committed, queue_ends
 from tests.support import pull_all, wait_until
 
 SOURCE, SINK, GROUP, QUEUES = "account-events", "account-notices", "notifier", 4
@@ -121,9 +121,7 @@ def restart_and_judge(address: str, conn: BrokerConnection, history: History, se
     restarted = run_job(JOB, spark_env(tmp_path), tmp_path / "restarted.log", *args, "--trigger", "available-now")
     assert restarted.wait(timeout=600) == 0, (tmp_path / "restarted.log").read_text()[-3000:]
     output = check(history.sends, stored_deliveries(conn, SINK))
-    ends = {q: conn.call("QueryOffsets", pb.QueryOffsetsRequest(topic=SOURCE, queue_id=q)).max_offset
-            for q in range(QUEUES)}
-    return output, committed(conn, GROUP, SOURCE), ends
+    return output, committed(conn, GROUP, SOURCE), queue_ends(conn, SOURCE, QUEUES)
 
 
 def sink_plans(conn: BrokerConnection) -> set[int]:

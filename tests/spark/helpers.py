@@ -85,6 +85,12 @@ def committed(conn: BrokerConnection, group: str, topic: str) -> dict[int, int]:
     }
 
 
+def queue_ends(conn: BrokerConnection, topic: str, queues: int) -> dict[int, int]:
+    """Where each of the first ``queues`` queues of ``topic`` ends now."""
+    request = pb.QueryOffsetsRequest
+    return {q: conn.call("QueryOffsets", request(topic=topic, queue_id=q)).max_offset for q in range(queues)}
+
+
 class Collector:
     """A foreachBatch sink keeping each batch's rows by batch id (a replayed batch replaces itself).
 

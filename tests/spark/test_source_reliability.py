@@ -26,6 +26,7 @@ from tests.spark.helpers import (
     create_topic,
     keyed_events,
     produce,
+    queue_ends,
     row_events,
     run_available_now,
     stream,
@@ -240,10 +241,6 @@ def _fail_first_batch(batch_id):
     if batch_id == 0:
         raise RuntimeError("injected failure of the first micro-batch")
 
-
-def queue_ends(conn, topic, queues) -> dict[int, int]:
-    return {q: conn.call("QueryOffsets", pb.QueryOffsetsRequest(topic=topic, queue_id=q)).max_offset
-            for q in range(queues)}
 
 
 @pytest.mark.parametrize("starting", ["earliest", "latest"])

@@ -14,6 +14,7 @@ from tests.spark.helpers import (
     create_topic,
     keyed_events,
     produce,
+    queue_ends,
     row_events,
     run_available_now,
     stream,
@@ -28,10 +29,6 @@ def end_positions(query) -> dict[int, int]:
     end = json.loads(end) if isinstance(end, str) else end
     return {int(q): pos for queues in end["queues"].values() for q, pos in queues.items()}
 
-
-def queue_ends(conn, topic, queues) -> dict[int, int]:
-    request = pb.QueryOffsetsRequest
-    return {q: conn.call("QueryOffsets", request(topic=topic, queue_id=q)).max_offset for q in range(queues)}
 
 
 def held_locks(conn, group, topic):
