@@ -217,10 +217,11 @@ class ReplicaFetcher(threading.Thread):
         ends = [pb.QueuePosition(topic=topic, queue_id=queue_id, offset=end) for (topic, queue_id), end in listed.items()]
         self._moved, self._whole_next = {}, False
         return pb.ReplicaFetch(broker_id=self.broker_id, group_epoch=self.epoch, ends=ends, delta=delta,
-                               offsets_version=self._offsets_version, txn_seq=self._txn_seq)
+                               offsets_version=self._offsets_version, txn_seq=self._txn_seq, topics_on_change=True)
 
     def _apply(self, answer: pb.ReplicaData) -> None:
-        self._apply_topics(dict(answer.topics))
+        if not answer.topics_unchanged:  # left out while it is the same (a master of an earlier version always sends it)
+            self._apply_topics(dict(answer.topics))
         store = self.service.store
         for records in answer.records:
             queue = store.queue(records.topic, records.queue_id)

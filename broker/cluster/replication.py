@@ -1,8 +1,9 @@
 """The master's side of replication: serving slaves' fetches, and acknowledging sync sends.
 
 Each slave holds one ``Replicate`` stream. Its fetches say where its copy of every queue ends
-(after the first, only the ends that moved: ``FetchStream``); the master answers with the records that follow (framed as stored, at the same offsets), the
-topic table and, when newer, the committed offsets. A fetch is also the slave's acknowledgement
+(after the first, only the ends that moved: ``FetchStream``); the master answers with the records
+that follow (framed as stored, at the same offsets), the topic table when it changed since the
+stream's previous answer, and, when newer, the committed offsets. A fetch is also the slave's acknowledgement
 of everything before its ends, and that is what ``wait_replicated`` waits for: with
 ``replication = "sync"`` a send is answered once every member of the sync-state set has it and
 the set has at least ``min_sync_replicas`` brokers. A send stored on the event loop awaits the
@@ -28,7 +29,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent import futures
 from dataclasses import dataclass, field
 
@@ -374,7 +375,8 @@ class ReplicaSource:
         while True:
             with self._cond:
                 seen = self._changes
-            answer, complete = self._collect(fetch, stream)
+            topics = self.service.store.topic_table()
+            answer, complete = self._collect(fetch, stream, topics)
             if answer.records or answer.offsets or answer.txn_seq != fetch.txn_seq or time.monotonic() >= deadline:
                 break
             with self._cond:
@@ -382,6 +384,7 @@ class ReplicaSource:
                     raise self.not_master()
                 if self._changes == seen:
                     self._cond.wait(deadline - time.monotonic())
+        stream.topics_sent = topics
         with self._cond:
             follower = self._followers[fetch.broker_id]
             follower.promised, follower.promised_at = complete, (sent := lease_clock.now())
@@ -419,15 +422,19 @@ class ReplicaSource:
     def _ends(self) -> dict[str, int]:
         return keyed(self.service.store.ends())
 
-    def _collect(self, fetch: pb.ReplicaFetch, stream: FetchStream) -> tuple[pb.ReplicaData, dict[str, int] | None]:
-        """What follows the slave's copy in the queues ``stream`` looks at; and their ends when that
-        is all of it (else None: the rest is left for the next answer)."""
+    def _collect(self, fetch: pb.ReplicaFetch, stream: FetchStream,
+                 topics: Mapping[str, int]) -> tuple[pb.ReplicaData, dict[str, int] | None]:
+        """What follows the slave's copy in the queues ``stream`` looks at, with the topic table
+        ``topics`` unless the stream's previous answer carried it; and the ends of those queues
+        when that is all of it (else None: the rest is left for the next answer)."""
         have = stream.have
         store = self.service.store
         answer = pb.ReplicaData(group_epoch=self.epoch)
         self._collect_txn_changes(fetch.txn_seq, answer)  # before the records: a commit's records come with it
-        topics = store.topics()
-        answer.topics.update(topics)
+        if fetch.topics_on_change and topics is stream.topics_sent:
+            answer.topics_unchanged = True
+        else:
+            answer.topics.update(topics)
         ends, left, budget = {}, set(), MAX_RESPONSE_BYTES
         for topic, queue_id in sorted(stream.candidates(topics)):
             if queue_id >= topics.get(topic, 0):
@@ -493,6 +500,7 @@ class FetchStream:
         self.left: set[QueueRef] = set()  # queues the last answer did not bring up to the master's end
         self._watch: EndWatch | None = None
         self._rescan = False
+        self.topics_sent: Mapping[str, int] | None = None  # the topic table of the last answer (Store.topic_table)
 
     async def answer(self, fetch: pb.ReplicaFetch) -> pb.ReplicaData:
         if self._follower_id is None:
@@ -516,7 +524,7 @@ class FetchStream:
         self._watch.take()  # the whole look below sees every move up to now
         self._rescan = True
 
-    def candidates(self, topics: dict[str, int]) -> set[QueueRef]:
+    def candidates(self, topics: Mapping[str, int]) -> set[QueueRef]:
         """The queues an answer looks at (see the class docstring)."""
         if self._rescan:
             self._rescan = False

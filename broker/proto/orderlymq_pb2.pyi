@@ -18,7 +18,7 @@ class QueuePosition(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
 
 class ReplicaFetch(_message.Message):
-    __slots__ = ("broker_id", "group_epoch", "ends", "offsets_version", "handshake", "txn_seq", "delta")
+    __slots__ = ("broker_id", "group_epoch", "ends", "offsets_version", "handshake", "txn_seq", "delta", "topics_on_change")
     BROKER_ID_FIELD_NUMBER: _ClassVar[int]
     GROUP_EPOCH_FIELD_NUMBER: _ClassVar[int]
     ENDS_FIELD_NUMBER: _ClassVar[int]
@@ -26,6 +26,7 @@ class ReplicaFetch(_message.Message):
     HANDSHAKE_FIELD_NUMBER: _ClassVar[int]
     TXN_SEQ_FIELD_NUMBER: _ClassVar[int]
     DELTA_FIELD_NUMBER: _ClassVar[int]
+    TOPICS_ON_CHANGE_FIELD_NUMBER: _ClassVar[int]
     broker_id: int
     group_epoch: int
     ends: _containers.RepeatedCompositeFieldContainer[QueuePosition]
@@ -33,7 +34,8 @@ class ReplicaFetch(_message.Message):
     handshake: bool
     txn_seq: int
     delta: bool
-    def __init__(self, broker_id: _Optional[int] = ..., group_epoch: _Optional[int] = ..., ends: _Optional[_Iterable[_Union[QueuePosition, _Mapping]]] = ..., offsets_version: _Optional[int] = ..., handshake: _Optional[bool] = ..., txn_seq: _Optional[int] = ..., delta: _Optional[bool] = ...) -> None: ...
+    topics_on_change: bool
+    def __init__(self, broker_id: _Optional[int] = ..., group_epoch: _Optional[int] = ..., ends: _Optional[_Iterable[_Union[QueuePosition, _Mapping]]] = ..., offsets_version: _Optional[int] = ..., handshake: _Optional[bool] = ..., txn_seq: _Optional[int] = ..., delta: _Optional[bool] = ..., topics_on_change: _Optional[bool] = ...) -> None: ...
 
 class ReplicaRecords(_message.Message):
     __slots__ = ("topic", "queue_id", "frames")
@@ -46,7 +48,7 @@ class ReplicaRecords(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., frames: _Optional[bytes] = ...) -> None: ...
 
 class ReplicaData(_message.Message):
-    __slots__ = ("group_epoch", "topics", "records", "offsets_version", "offsets", "epoch_history", "txn_changes", "txn_table", "txn_seq", "error_code", "error_kind", "error_message", "delta_fetches")
+    __slots__ = ("group_epoch", "topics", "records", "offsets_version", "offsets", "epoch_history", "txn_changes", "txn_table", "txn_seq", "error_code", "error_kind", "error_message", "delta_fetches", "topics_unchanged")
     class TopicsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -67,6 +69,7 @@ class ReplicaData(_message.Message):
     ERROR_KIND_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     DELTA_FETCHES_FIELD_NUMBER: _ClassVar[int]
+    TOPICS_UNCHANGED_FIELD_NUMBER: _ClassVar[int]
     group_epoch: int
     topics: _containers.ScalarMap[str, int]
     records: _containers.RepeatedCompositeFieldContainer[ReplicaRecords]
@@ -80,7 +83,8 @@ class ReplicaData(_message.Message):
     error_kind: str
     error_message: str
     delta_fetches: bool
-    def __init__(self, group_epoch: _Optional[int] = ..., topics: _Optional[_Mapping[str, int]] = ..., records: _Optional[_Iterable[_Union[ReplicaRecords, _Mapping]]] = ..., offsets_version: _Optional[int] = ..., offsets: _Optional[bytes] = ..., epoch_history: _Optional[bytes] = ..., txn_changes: _Optional[_Iterable[_Union[TxnChange, _Mapping]]] = ..., txn_table: _Optional[bool] = ..., txn_seq: _Optional[int] = ..., error_code: _Optional[int] = ..., error_kind: _Optional[str] = ..., error_message: _Optional[str] = ..., delta_fetches: _Optional[bool] = ...) -> None: ...
+    topics_unchanged: bool
+    def __init__(self, group_epoch: _Optional[int] = ..., topics: _Optional[_Mapping[str, int]] = ..., records: _Optional[_Iterable[_Union[ReplicaRecords, _Mapping]]] = ..., offsets_version: _Optional[int] = ..., offsets: _Optional[bytes] = ..., epoch_history: _Optional[bytes] = ..., txn_changes: _Optional[_Iterable[_Union[TxnChange, _Mapping]]] = ..., txn_table: _Optional[bool] = ..., txn_seq: _Optional[int] = ..., error_code: _Optional[int] = ..., error_kind: _Optional[str] = ..., error_message: _Optional[str] = ..., delta_fetches: _Optional[bool] = ..., topics_unchanged: _Optional[bool] = ...) -> None: ...
 
 class TxnChange(_message.Message):
     __slots__ = ("kind", "txn_id", "timeout_ms", "topic", "queue_id", "payload", "state", "starts")

@@ -22,7 +22,7 @@ import re
 import shutil
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from broker.persist import fsync_dir, make_durable_dir, read_json, write_failure_as_error, write_json_atomic
@@ -234,6 +234,11 @@ class Store:
     def topics(self) -> dict[str, int]:
         with self._lock:
             return dict(self._topics)
+
+    def topic_table(self) -> Mapping[str, int]:
+        """The topic table itself, not a copy: each change replaces it (never changes it in place),
+        so a caller that holds it sees one table, and tells a newer one by identity."""
+        return self._topics
 
     def ends(self) -> dict[tuple[str, int], int]:
         """Where every queue ends now (its ``max_offset``)."""

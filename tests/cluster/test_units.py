@@ -213,6 +213,48 @@ def test_a_master_answers_fetches_of_moved_ends_from_the_queues_that_moved_or_we
     service.close()
 
 
+def test_a_master_sends_its_topic_table_on_a_stream_only_when_it_changed(tmp_path, monkeypatch):
+    """Answers carry the topic table the first time on a stream and after it changed, and leave
+    it out in between, to a slave that takes that; to one that does not (an earlier version),
+    every answer carries it. The first answer waits with nothing to send: the table it finally
+    carries is not taken for sent by the looks before it."""
+    monkeypatch.setattr(replication, "FETCH_WAIT_S", 0.05)  # an answer with nothing to send comes back soon
+    service = BrokerService(BrokerConfig(data_dir=str(tmp_path / "master")))
+    service.CreateTopic(pb.CreateTopicRequest(topic="t", queue_count=2))
+    source = ReplicaSource(service, EpochHistory(tmp_path / "epochs.json"), 0, lambda: NotMasterError("stepped down"))
+    source.activate(GroupState(1, 0, "", frozenset({0})), {})
+
+    held = {"offsets_version": 0, "txn_seq": 0}  # what the slave holds: fetches ask for nothing else
+
+    def answers(stream: FetchStream, on_change: bool) -> dict[str, int] | None:
+        """The topic table the next answer carries (None: left out as unchanged)."""
+        fetch = pb.ReplicaFetch(broker_id=1, group_epoch=1, topics_on_change=on_change, **held,
+                                ends=[pb.QueuePosition(topic="t", queue_id=q) for q in range(2)])
+        answer = asyncio.run(stream.answer(fetch))
+        held["txn_seq"] = answer.txn_seq
+        held["offsets_version"] = answer.offsets_version or held["offsets_version"]
+        assert answer.topics_unchanged == (not answer.topics)
+        return None if answer.topics_unchanged else dict(answer.topics)
+
+    for on_change in (True, False):
+        stream = FetchStream(source)
+        asyncio.run(stream.answer(pb.ReplicaFetch(broker_id=1, group_epoch=1, handshake=True)))
+        assert answers(stream, on_change) == {"t": 2}
+        assert answers(stream, on_change) == (None if on_change else {"t": 2})
+        service.CreateTopic(pb.CreateTopicRequest(topic=f"u{on_change}", queue_count=1))
+        table = answers(stream, on_change)
+        assert table is not None and table["t"] == 2 and f"u{on_change}" in table
+        assert answers(stream, on_change) == (None if on_change else table)
+        service.DeleteTopic(pb.DeleteTopicRequest(topic=f"u{on_change}"))
+        assert answers(stream, on_change) == {"t": 2}
+        stream.close()
+        stream = FetchStream(source)
+        assert answers(stream, on_change) == {"t": 2}  # a new stream starts with the table
+        stream.close()
+    source.close()
+    service.close()
+
+
 def test_a_slave_stays_connected_while_any_of_its_streams_is_open(tmp_path):
     """A slave that dialed again has its new stream open before the old one ends: the old one's
     end does not make it look gone (out of reach of the sync-state set) until its next fetch. A
