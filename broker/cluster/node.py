@@ -190,7 +190,7 @@ class ClusterNode:
     def list_topics(self) -> list[pb.TopicRoute]:
         def read() -> list[pb.TopicRoute]:
             addresses: dict = {}
-            return [self.registry.route(t, layout, addresses) for t, layout in sorted(self.registry.layouts().items())]
+            return [self.registry.route(t, layout, addresses) for t, layout in sorted(self.registry.current().items())]
 
         return self._topic_read("", read)
 

@@ -59,9 +59,9 @@ class TopicKeeper:
             return
         if force:
             self._marked.clear()
-        layouts = self.registry.layouts()
+        layouts = self.registry.current(reread=force)
         with self._lock:
-            local = self.service.store.topics()
+            local, incarnations = self.service.store.topics(), dict(self._incarnations)
             for topic in local.keys() - layouts.keys():
                 if topic in self._incarnations:
                     self._drop(topic)  # deleted from the cluster
@@ -73,7 +73,8 @@ class TopicKeeper:
                 elif topic in local:
                     self._drop(topic)  # the cluster's topic of that name is another one now
             self.layouts = layouts
-            write_json_atomic(self._path, self._incarnations)
+            if self._incarnations != incarnations:
+                write_json_atomic(self._path, self._incarnations)
         self._seen_version = version
 
     def note(self) -> None:
@@ -82,7 +83,7 @@ class TopicKeeper:
         version, local = self.registry.version(), self.service.store.topics()
         if (version, set(local)) == self._noted:
             return
-        layouts = self.registry.layouts()
+        layouts = self.registry.current()
         with self._lock:
             noted = {t: layouts[t].id for t, n in local.items() if t in layouts and n <= layouts[t].queue_count}
             if any(self._incarnations.get(t) != i for t, i in noted.items()):

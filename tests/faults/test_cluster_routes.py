@@ -13,8 +13,11 @@ import time
 
 import grpc
 import pytest
+from kazoo.client import KazooClient
 
+from broker.cluster.topics import TopicLayout, TopicRegistry
 from broker.launcher import free_port
+from broker.persist import read_json
 from broker.proto import orderlymq_pb2 as pb
 from broker.proto import orderlymq_pb2_grpc as pb_grpc
 from broker.wire import codec
@@ -386,3 +389,75 @@ def test_a_topic_read_cut_off_from_zookeeper_is_unavailable_not_internal(broker_
     finally:
         os.kill(zookeeper.proc.pid, signal.SIGCONT)
     conn.close()
+
+
+class _CountingRegistry(TopicRegistry):
+    """A broker's registry that counts the topic nodes it reads."""
+
+    reads = 0
+
+    def layout(self, topic: str) -> TopicLayout | None:
+        self.reads += 1
+        return super().layout(topic)
+
+
+def test_topic_changes_cost_a_read_of_the_topic_changed_and_reach_a_promoted_slave(broker_group, zookeeper):
+    """A broker reads a change of one topic from ZooKeeper alone, also among many topics; a
+    topic created without announcement (its broker crashed first) is found by the next change,
+    a grow left unannounced is announced by its retry, and a change by a broker of an earlier
+    version (no name) has everything read. The slave, whose master sends the topic table only
+    when it changed, holds every topic and queue: promoted, it serves every message, each key's
+    complete and in order."""
+    group = broker_group(size=2)
+    zk = KazooClient(hosts=zookeeper.connect_string)
+    zk.start(timeout=30)
+    observer = _CountingRegistry(zk, "orderlymq")
+    history = History()
+    try:
+        with Admin(group.addresses) as admin, Producer(group.addresses) as producer:
+            for i in range(40):
+                admin.create_topic(f"t{i}", 2)
+            assert len(observer.current()) == 40 and observer.reads == 40  # the first call reads them all
+            admin.create_topic("t40", 3)
+            assert observer.current()["t40"].queue_count == 3 and observer.reads == 41
+
+            # Created, never announced; the next change of another topic finds it.
+            unannounced = TopicLayout("feed", ("group-a",) * 2)
+            zk.create(f"{observer.root}/quiet", unannounced.encoded())
+            admin.grow_topic("t0", 4)
+            assert observer.current()["quiet"] == unannounced and observer.current()["t0"].queue_count == 4
+            assert wait_until(lambda: _describe(group.addresses.split(",")[0], "quiet").queue_count == 2)
+
+            # Grown, never announced: the retry of the grow announces it and waits for the queues.
+            zk.set(f"{observer.root}/t1", TopicLayout(observer.current()["t1"].id, ("group-a",) * 5).encoded())
+            assert admin.grow_topic("t1", 5).queue_count == 5
+            assert observer.current()["t1"].queue_count == 5
+
+            reads = observer.reads
+            zk.set(observer.root, b"")  # a broker of an earlier version changed something
+            assert len(observer.current()) == 42 and observer.reads == reads + 42
+
+            # The slave's table follows with no record to carry it (a stream broken by records of
+            # a topic the slave lacks would hide a table never sent).
+            table = {**{f"t{i}": 2 for i in range(41)}, "t0": 4, "t1": 5, "t40": 3, "quiet": 2}
+            slave = next(b for b in group.brokers if b is not group.master())
+            assert wait_until(lambda: read_json(slave.data_dir / "topics.json", {}) == table, timeout=30)
+
+            topics = {"t0": 4, "t1": 5, "t40": 3, "quiet": 2}
+            for topic, count in topics.items():
+                for seq in range(3):
+                    for key in range(count * 2):
+                        producer.send(topic, body(f"{topic}-k{key}", seq), key=f"{topic}-k{key}")
+                        history.sent(f"{topic}-k{key}", seq, acked=True)
+        old_master = group.master()
+        old_master.kill9()
+        group.wait_for_master(exclude=old_master)
+        with RoutedConnection(group.addresses) as conn:
+            stored = [d for topic in topics for d in stored_deliveries(conn, topic)]
+            assert sorted(t.topic for t in conn.call("ListTopics", pb.ListTopicsRequest()).topics) == \
+                sorted(["quiet", *(f"t{i}" for i in range(41))])
+        log = check(history.sends, stored)
+        assert log.ok, str(log)
+        assert len(stored) == sum(count * 2 * 3 for count in topics.values())
+    finally:
+        zk.stop()
