@@ -3,9 +3,10 @@
 Configurations, each a fresh cluster on one shared ZooKeeper (its own ``cluster_name``):
 one topic of 12 queues on 1 group vs 3 groups of one broker each (spreading alone), and one group
 of 1, 2, 3 brokers with ``replication = "sync"`` and ``min_sync_replicas`` = all of them
-(replication 1, 2, 3), and replication 2 with a topic of 1,024 queues (what a slave's fetch costs
-as the group holds more queues). ``flush = "async"`` so that fsync does not hide the per-message
-cost.
+(replication 1, 2, 3), and replication 2 with a topic of 1,024 queues, or beside 1,000 other
+topics of 4 queues (what replication costs as the group holds more queues or topics; creating
+those topics one after the other is measured too). ``flush = "async"`` so that fsync does not
+hide the per-message cost.
 
 Workloads through the real client: keyed produce (``Producer.send_batch`` of 10,000 keyed 100 B
 messages, 2 threads; routed to every queue, so to every group), synchronous send (one thread's
@@ -36,9 +37,11 @@ from connector.client import Admin, Producer, PullConsumer
 __all__ = ["run"]
 
 TOPIC, QUEUES, ROWS, BODY = "bench", 12, 10_000, 100
-# (name, groups, brokers per group, queues of the topic)
-CONFIGS = (("1 group", 1, 1, QUEUES), ("3 groups", 3, 1, QUEUES), ("replication 2", 1, 2, QUEUES),
-           ("replication 3", 1, 3, QUEUES), ("replication 2, 1,024 queues", 1, 2, 1024))
+OTHER_TOPICS, OTHER_QUEUES = 1000, 4
+# (name, groups, brokers per group, queues of the topic, other topics)
+CONFIGS = (("1 group", 1, 1, QUEUES, 0), ("3 groups", 3, 1, QUEUES, 0), ("replication 2", 1, 2, QUEUES, 0),
+           ("replication 3", 1, 3, QUEUES, 0), ("replication 2, 1,024 queues", 1, 2, 1024, 0),
+           ("replication 2, 1,000 other topics", 1, 2, QUEUES, OTHER_TOPICS))
 
 
 @dataclass
@@ -93,13 +96,23 @@ def _consume(consumer: PullConsumer, seconds: float) -> tuple[int, float]:
     return got, time.perf_counter() - t0
 
 
-def _one_round(workdir: Path, zookeeper: ZooKeeperServer, groups: int, size: int, queues: int,
+def _create_topics(admin: Admin, count: int) -> tuple[int, float]:
+    t0 = time.perf_counter()
+    for i in range(count):
+        admin.create_topic(f"other-{i}", OTHER_QUEUES)
+    return count, time.perf_counter() - t0
+
+
+def _one_round(workdir: Path, zookeeper: ZooKeeperServer, groups: int, size: int, queues: int, others: int,
                seconds: float) -> dict[str, _Measured]:
     settings = {"cluster_name": f"bench-{workdir.name}", "min_sync_replicas": size, "log_level": "WARNING"}
+    measured = {}
     with LocalCluster(workdir, groups=groups, size=size, base_port=0, zookeeper=zookeeper,
                       settings=settings) as cluster:
         with Admin(cluster.bootstrap) as admin:
             admin.create_topic(TOPIC, queues)
+            if others:
+                measured["topic create"] = _measured(cluster, lambda: _create_topics(admin, others))
         with Producer(cluster.bootstrap) as producer:
             _produce(producer, 0.5)  # warm up: channels, routes, first segment files
             produced = _measured(cluster, lambda: _produce(producer, seconds))
@@ -108,7 +121,7 @@ def _one_round(workdir: Path, zookeeper: ZooKeeperServer, groups: int, size: int
         with PullConsumer(cluster.bootstrap) as consumer:
             consumer.assign(TOPIC, None, start="earliest")
             consumed = _measured(cluster, lambda: _consume(consumer, seconds))
-    return {"keyed produce": produced, "sync send": sent, "consume": consumed}
+    return {**measured, "keyed produce": produced, "sync send": sent, "consume": consumed}
 
 
 def run(workdir: Path, quick: bool) -> list[Row]:
@@ -116,16 +129,16 @@ def run(workdir: Path, quick: bool) -> list[Row]:
     best: dict[tuple[str, str], _Measured] = {}
     with ZooKeeperServer(workdir / "zookeeper") as zookeeper:
         for round_ in range(rounds):
-            for name, groups, size, queues in CONFIGS[round_ % len(CONFIGS):] + CONFIGS[:round_ % len(CONFIGS)]:
+            for name, groups, size, queues, others in CONFIGS[round_ % len(CONFIGS):] + CONFIGS[:round_ % len(CONFIGS)]:
                 data = workdir / f"cluster-{name.replace(' ', '-').replace(',', '')}-{round_}"
-                for workload, got in _one_round(data, zookeeper, groups, size, queues, seconds).items():
+                for workload, got in _one_round(data, zookeeper, groups, size, queues, others, seconds).items():
                     if (workload, name) not in best or got.rate > best[(workload, name)].rate:
                         best[(workload, name)] = got
                 print(f"  cluster: {name}, round {round_ + 1}/{rounds} done", flush=True)
     rows = []
     for workload, baseline in (("keyed produce", "1 group"), ("sync send", "1 group"), ("consume", "1 group")):
         base = best[(workload, baseline)]
-        for name, groups, size, queues in CONFIGS:
+        for name, groups, size, queues, _others in CONFIGS:
             got = best[(workload, name)]
             cpu = {"broker_cpu_us_per_msg": got.broker_cpu_us, "client_cpu_us_per_msg": got.client_cpu_us,
                    "broker_cpu_ratio": got.broker_cpu_us / base.broker_cpu_us,
@@ -136,4 +149,12 @@ def run(workdir: Path, quick: bool) -> list[Row]:
                                  f"client {got.client_cpu_us:.2f} us (x{cpu['client_cpu_ratio']:.2f})",
                             extra={"groups": groups, "brokers_per_group": size, "seconds": seconds,
                                    "rounds": rounds, **cpu}))
+    for name, groups, size, _queues, others in CONFIGS:
+        if others:
+            got = best[("topic create", name)]
+            rows.append(Row(f"cluster: topic create, one after the other, {name}", got.rate, "topics/s",
+                            goal=f"CPU/topic brokers {got.broker_cpu_us / 1000:.1f} ms, "
+                                 f"client {got.client_cpu_us / 1000:.1f} ms",
+                            extra={"groups": groups, "brokers_per_group": size, "topics": others,
+                                   "queues_per_topic": OTHER_QUEUES, "rounds": rounds}))
     return rows
