@@ -89,8 +89,8 @@ class TopicRegistry:
         self.client = client
         self.cluster_root = f"/orderlymq/{cluster}"
         self.root = f"{self.cluster_root}/topics"
-        self._known: dict[str, TopicLayout] = {}  # every topic's layout, as of version _known_version
-        self._known_version = -2  # never one behind a real version: the first read reads everything
+        self._known: dict[str, TopicLayout] = {}  # every topic's layout, as of _known_version
+        self._known_version = (0, -2)  # (czxid, version) of the topics node; never one behind: all read first
         self._known_lock = threading.Lock()
 
     def start(self, on_change) -> None:
@@ -141,12 +141,13 @@ class TopicRegistry:
         """
         with self._known_lock:
             raw, stat = self.client.get(self.root)
-            if stat.version != self._known_version or reread:
-                if stat.version == self._known_version + 1 and raw and not reread:
+            version = (stat.czxid, stat.version)  # a node deleted and made again starts its versions anew
+            if version != self._known_version or reread:
+                if version == (self._known_version[0], self._known_version[1] + 1) and raw and not reread:
                     self._read_again(raw.decode())
                 else:
                     self._known = self.layouts()
-                self._known_version = stat.version
+                self._known_version = version
             return dict(self._known)
 
     def _read_again(self, changed: str) -> None:
