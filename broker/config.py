@@ -117,6 +117,9 @@ class BrokerConfig:
         This broker's id in its group, unique within it.
     advertised_address : str
         ``host:port`` other brokers and clients reach this broker at; empty: ``host`` and the bound port.
+    advertised_send_port : int
+        The port others reach ``send_port`` at, on the advertised host, where a proxy or NAT
+        forwards it from another port; 0 (the default): ``send_port``'s own.
     replication : {"sync", "async"}
         ``sync`` acknowledges a send once every member of the group's sync-state set stored it;
         ``async`` once the master did (a failover may lose the newest acknowledged sends).
@@ -180,6 +183,7 @@ class BrokerConfig:
     cluster_name: str = "orderlymq"
     broker_id: int = 0
     advertised_address: str = ""
+    advertised_send_port: int = 0
     replication: str = "sync"
     min_sync_replicas: int = 1
     zk_session_timeout_ms: int = 4_000
@@ -326,6 +330,7 @@ _INT_RANGES: dict[str, tuple[int, int | None, str]] = {
     "workers": (1, 1024, "threads"),
     "metrics_port": (-1, 65535, "-1 serves no metrics, 0 picks a free port"),
     "send_port": (-1, 65535, "-1 serves none, 0 picks a free port"),
+    "advertised_send_port": (0, 65535, "0 advertises send_port itself"),
     "broker_id": (0, 1_000_000, "unique within the group"),
     "min_sync_replicas": (1, 16, "brokers, the master included"),
     "zk_session_timeout_ms": (1_000, 600_000, "milliseconds"),

@@ -499,7 +499,7 @@ def start_broker(config: BrokerConfig) -> RunningBroker:
             abandon()
             raise OSError(f"cannot listen on {config.host}:{config.send_port} for the send port ({exc}); pick "
                           "another send_port, or -1 for none") from None
-        service.send_port = send_port.port
+        service.send_port = config.advertised_send_port or send_port.port
     try:
         metrics_port = service.metrics.serve(
             config.metrics_port, config.host, guard=guard,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import grpc
 
-from broker.launcher import BrokerProcess
+from broker.launcher import BrokerProcess, free_port
 from broker.proto import orderlymq_pb2 as pb
 from broker.proto import orderlymq_pb2_grpc as pb_grpc
 from broker.wire.credentials import Credentials
@@ -156,11 +156,17 @@ class Failover:
     first_ack_s: float | None  # from the kill -9 until a send was acknowledged again
 
 
-def group_behind(link, broker_group, **settings) -> BrokerGroup:
+def group_behind(link, broker_group, lean_link=None, master_settings: dict | None = None, **settings) -> BrokerGroup:
     """A group of two whose master, broker 0, advertises ``link`` (a ``TcpProxy`` forwarding to
-    it): its slave, and clients sent to the master, dial it through the link a test cuts. It serves
-    no lean port, which its slave (replication) and clients would dial beside the link."""
-    group = broker_group(2, settings_of={0: {"advertised_address": link.address, "send_port": -1}}, **settings)
+    it): its slave, and clients sent to the master, dial it through the link a test cuts. Its lean
+    port, which they would dial beside the link, is served only behind ``lean_link`` (another
+    ``TcpProxy``, on the same host), which it advertises. ``master_settings``: broker 0's own."""
+    lean = {"send_port": -1}
+    if lean_link is not None:
+        lean = {"send_port": free_port(), "advertised_send_port": lean_link.port}
+        lean_link.forward_to(f"127.0.0.1:{lean['send_port']}")
+    group = broker_group(2, settings_of={0: {"advertised_address": link.address, **lean, **(master_settings or {})}},
+                         **settings)
     link.forward_to(group.brokers[0].address)
     assert group.wait_for_master() is group.brokers[0]
     return group

@@ -9,8 +9,8 @@ than the old master's, whose holder is refused.
 Replication goes over the master's lean port (``broker.replica_port``), or over gRPC where it
 serves none; the scenario runs both ways.
 
-And a slave whose replication stream goes silent (half-open: no close, no reset) drops it and
-dials again, catching up with what was sent meanwhile.
+And a slave whose replication stream goes silent (half-open: no close, no reset), over gRPC or
+the lean port, drops it and dials again, catching up with what was sent meanwhile.
 """
 
 from __future__ import annotations
@@ -104,9 +104,14 @@ def test_a_fetch_on_a_slaves_lean_port_is_refused_as_not_master(broker_group):
         fetches.close()
 
 
-def test_a_slave_whose_stream_went_silent_dials_again_and_catches_up(broker_group, tcp_proxy, fault_report):
+@pytest.mark.parametrize("path", ["gRPC", "lean port"])
+def test_a_slave_whose_stream_went_silent_dials_again_and_catches_up(broker_group, tcp_proxy, fault_report, path):
+    """Over gRPC (the master serves no lean port), and over the master's lean port, which it
+    serves behind a link of its own (``advertised_send_port``): that link is silenced."""
     link = tcp_proxy()  # the slave's way to broker 0, which advertises it
-    group = group_behind(link, broker_group, min_sync_replicas=1)
+    lean_link = tcp_proxy() if path == "lean port" else None
+    metrics = free_port()
+    group = group_behind(link, broker_group, lean_link, {"metrics_port": metrics}, min_sync_replicas=1)
     master, slave = group.brokers
     with Admin(group.addresses) as admin:
         admin.create_topic(TOPIC, QUEUES)
@@ -117,7 +122,8 @@ def test_a_slave_whose_stream_went_silent_dials_again_and_catches_up(broker_grou
         return next(iter(group.health(master).replicas), None)
 
     assert wait_until(lambda: (r := replica()) is not None and r.in_sync_set and r.behind_messages == 0)
-    link.silence()  # the open connections now: the slave's stream alone (the producers closed theirs)
+    assert (port_calls(metrics, "ReplicaPort") > 0) == (path == "lean port")
+    (lean_link or link).silence()  # the open connections now: the slave's stream alone (the producers closed theirs)
     silenced = time.monotonic()
     failures += send_all(group.addresses, TOPIC, ["d", "e", "f"], history, 60)
     behind_at_end_of_sends = replica().behind_messages
@@ -125,13 +131,16 @@ def test_a_slave_whose_stream_went_silent_dials_again_and_catches_up(broker_grou
     caught_up = wait_until(lambda: (r := replica()).in_sync_set and r.behind_messages == 0, timeout=60)
     recovered_s = time.monotonic() - silenced
     assert caught_up, f"the slave never caught up after its stream went silent ({replica()})"
+    if path == "lean port":  # the stream dialed again is on the port too: its idle fetches are answered there
+        fetches = port_calls(metrics, "ReplicaPort")
+        assert wait_until(lambda: port_calls(metrics, "ReplicaPort") >= fetches + 2, timeout=10)
 
     master.kill9()
     promoted = group.wait_for_master(exclude=master)
     assert promoted is slave
     with BrokerConnection(promoted.address) as conn:
         log = check(history.sends, stored_deliveries(conn, TOPIC))
-    fault_report("cluster: slave's stream silenced, redialed", {"log": log}, sent=len(history.sends),
+    fault_report(f"cluster: slave's stream over the {path} silenced, redialed", {"log": log}, sent=len(history.sends),
                  behind_when_sends_ended=behind_at_end_of_sends, caught_up_after_s=round(recovered_s, 1))
     assert behind_at_end_of_sends > 0, "the silenced stream still carried records"
     assert not failures, failures
