@@ -52,7 +52,7 @@ from kazoo.exceptions import ConnectionLoss, OperationTimeoutError, SessionExpir
 
 from broker.cluster import lease_clock
 from broker.cluster.control import GroupControl, GroupState
-from broker.cluster.epochs import EpochHistory, keyed, queue_key
+from broker.cluster.epochs import EpochHistory, keyed
 from broker.cluster.follower import CampaignPromise, ReplicaFetcher
 from broker.cluster.link import ReplicationLink
 from broker.cluster.replication import FetchStream, ReplicaSource
@@ -349,13 +349,13 @@ class ClusterNode:
 
     def _promote(self, state: GroupState) -> None:
         store = self.service.store
-        starts = keyed(store.ends())
+        ends = store.ends()
+        starts = keyed(ends)
         self.history.begin_term(state.epoch, starts)
         if self.config.replication == "sync":  # readers see only what the sync-state set holds
             store.hold_back()
-            for topic, count in store.topics().items():
-                for queue_id in range(count):
-                    store.queue(topic, queue_id).make_visible(starts[queue_key(topic, queue_id)])
+            for (topic, queue_id), end in ends.items():
+                store.queue(topic, queue_id).make_visible(end)
         self.service.locks.raise_floor(state.epoch << 32)
         self.epoch, self._state = state.epoch, state
         self.master_address = self.address

@@ -3,8 +3,8 @@
 Each slave holds one ``Replicate`` stream. Its fetches say where its copy of every queue ends
 (after the first, only the ends that moved: ``FetchStream``); the master answers with the records
 that follow (framed as stored, at the same offsets), the topic table when it changed since the
-stream's previous answer, and, when newer, the committed offsets. A fetch is also the slave's acknowledgement
-of everything before its ends, and that is what ``wait_replicated`` waits for: with
+stream's previous answer, and, when newer, the committed offsets. A fetch is also the slave's
+acknowledgement of everything before its ends, and that is what ``wait_replicated`` waits for: with
 ``replication = "sync"`` a send is answered once every member of the sync-state set has it and
 the set has at least ``min_sync_replicas`` brokers. A send stored on the event loop awaits the
 same in ``replicated``, which hands no thread over: a future the acknowledging fetch resolves.

@@ -242,7 +242,7 @@ class Store:
 
     def ends(self) -> dict[tuple[str, int], int]:
         """Where every queue ends now (its ``max_offset``)."""
-        return {(t, q): self.queue(t, q).max_offset for t, n in self.topics().items() for q in range(n)}
+        return {(t, q): self.queue(t, q).max_offset for t, n in self.topic_table().items() for q in range(n)}
 
     def queue_count(self, topic: str) -> int:
         count = self._topics.get(topic)
