@@ -162,6 +162,8 @@ def test_async_flush_stops_at_a_failed_fsync_of_a_rolled_segment(fs, tmp_path, f
         fs.fail_fsyncs(1)
         with Producer(proc.address, retry_timeout=5) as producer:
             assert wait_until(lambda: _send_rounds(producer, acked, 1), 60), "the broker went on"
+        # It refuses from the failed fsync on, and logs what it dropped just after: read the log once it exited.
+        assert proc.proc.wait(timeout=30) == 1
         failed = re.search(r"an fsync of \S*?(\d+)\.log failed", proc.log_text())
         dropped = re.search(r"offsets (\d+)\.\.(\d+) were acknowledged but not fsynced", proc.log_text())
         assert failed and dropped, proc.log_text()[-2000:]
