@@ -8,7 +8,8 @@ It raises an ``InternalBrokerError`` naming the file instead, and the operator d
 
 ``write_failure_as_error`` turns a write that failed for want of space (ENOSPC, EDQUOT) into a
 ``DiskFullError``, and one the disk refused (EIO, EROFS) into a ``BrokerUnavailableError``, each
-naming the data directory and what to do: the one translation of them.
+naming the data directory and what to do: the one translation of them. It lets an
+``UnsyncedRenameError`` pass: that write did take place, and only its caller can say what follows.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ __all__ = [
     "is_disk_full",
     "load_state",
     "read_json",
+    "UnsyncedRenameError",
     "write_failure_as_error",
     "write_json_atomic",
 ]
@@ -43,6 +45,11 @@ _NO_DIRECTORY_FSYNC = frozenset({errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP})
 _REFUSED = frozenset({errno.EIO, errno.EROFS})  # a failing disk, or one the kernel remounted read-only
 _WARN_EVERY_S = 10.0  # a full disk refuses every write: one log line per data dir this often is enough
 _last_warned: dict[str, float] = {}
+
+
+class UnsyncedRenameError(OSError):
+    """``write_json_atomic`` replaced the file, but the fsync of its directory failed: every reader,
+    a restarted broker included, finds the new content, yet a power cut may bring the old back."""
 
 
 def is_disk_full(exc: BaseException) -> bool:
@@ -85,7 +92,7 @@ class _WriteFailureAsError:
         return None
 
     def __exit__(self, kind, exc, traceback) -> bool:
-        if not isinstance(exc, OSError):
+        if not isinstance(exc, OSError) or isinstance(exc, UnsyncedRenameError):
             return False
         if is_disk_full(exc):
             raise disk_full_error(self.data_dir, self.what, os.strerror(exc.errno)) from exc
@@ -130,7 +137,8 @@ def write_json_atomic(path: Path, obj: Any, *, fsync: bool = True) -> None:
 
     The JSON goes to a temporary file in the same directory (a rename is only atomic within one
     file system), which is fsynced before ``os.replace`` and whose directory is fsynced after it,
-    so the new name cannot outlive a crash pointing at unwritten data.
+    so the new name cannot outlive a crash pointing at unwritten data. Raises
+    ``UnsyncedRenameError`` when only that last fsync fails.
 
     Parameters
     ----------
@@ -157,7 +165,11 @@ def write_json_atomic(path: Path, obj: Any, *, fsync: bool = True) -> None:
             os.unlink(tmp_name)
         raise
     if fsync:
-        fsync_dir(path.parent)
+        try:
+            fsync_dir(path.parent)
+        except OSError as exc:
+            raise UnsyncedRenameError(exc.errno, f"{path} was replaced, but its directory's fsync failed "
+                                      f"({exc.strerror})") from exc
 
 
 def read_json(path: Path, default: Any) -> Any:

@@ -25,7 +25,14 @@ import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from broker.persist import fsync_dir, make_durable_dir, read_json, write_failure_as_error, write_json_atomic
+from broker.persist import (
+    UnsyncedRenameError,
+    fsync_dir,
+    make_durable_dir,
+    read_json,
+    write_failure_as_error,
+    write_json_atomic,
+)
 from broker.storage.end_watch import EndWatch
 from broker.storage.lost_writes import LostWrites
 from broker.storage.open_files import OpenFiles, budget_for_limit
@@ -130,18 +137,31 @@ class Store:
             for queue in self._queues.values():
                 queue.hold_back()
 
-    def _commit_topics(self, topics: dict[str, int], new_queues: dict[tuple[str, int], QueueLog], what: str) -> None:
+    def _commit_topics(self, topics: dict[str, int], new_queues: dict[tuple[str, int], QueueLog], what: str,
+                       undo: Callable[[], None] | None = None) -> None:
         """Make ``topics`` the durable topic table, then the one in memory with ``new_queues``
-        opened; on failure close those queues, and raise (``DiskFullError`` for a full disk)."""
+        opened; on failure close those queues, ``undo``, and raise (``DiskFullError`` for a full disk).
+
+        When only the directory fsync after the table's rename fails, the new table is what a
+        restart reads, though a power cut may bring the old one back: it becomes the table in
+        memory too, and the broker stops as at a failed flush (``LostWrites``), so that it never
+        acknowledges a send into a topic that a restart would not have."""
         try:
             with write_failure_as_error(self.data_dir, what):
                 for topic in {topic for topic, _ in new_queues}:  # queue directories exist before the commit
                     fsync_dir(self._topic_dir(topic))
                     fsync_dir(self.data_dir / "topics")
                 write_json_atomic(self._meta_path, topics)
+        except UnsyncedRenameError as exc:
+            self._queues.update(new_queues)
+            self._topics = topics
+            self.lost_writes.record(f"the directory of {self._meta_path} (to {what})", exc)
+            self.lost_writes.check()  # raises: nothing more is stored
         except BaseException:
             for q in new_queues.values():
                 q.close()
+            if undo is not None:
+                undo()
             raise
         self._queues.update(new_queues)
         self._topics = topics
@@ -190,11 +210,7 @@ class Store:
                 self._discard(leftover)
             what = f"create topic {topic!r} with {queue_count} queues"
             queues = self._new_queues(topic, range(queue_count), what)
-            try:
-                self._commit_topics({**self._topics, topic: queue_count}, queues, what)
-            except BaseException:
-                self._discard(leftover)
-                raise
+            self._commit_topics({**self._topics, topic: queue_count}, queues, what, lambda: self._discard(leftover))
             log.info("created topic %s with %d queues", topic, queue_count)
             return queue_count
 
@@ -211,12 +227,12 @@ class Store:
                 return current
             what = f"grow topic {topic!r} from {current} to {queue_count} queues"
             queues = self._new_queues(topic, range(current, queue_count), what)
-            try:
-                self._commit_topics({**self._topics, topic: queue_count}, queues, what)
-            except BaseException:
+
+            def remove_new_queues() -> None:
                 for q in queues.values():
                     shutil.rmtree(q.directory, ignore_errors=True)
-                raise
+
+            self._commit_topics({**self._topics, topic: queue_count}, queues, what, remove_new_queues)
             return queue_count
 
     def delete_topic(self, topic: str) -> None:

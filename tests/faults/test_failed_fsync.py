@@ -12,6 +12,7 @@ then shows what reached the disk.
 - ``flush = "sync"``: the send whose fsync failed is refused with an error naming the data dir,
   and stores nothing; the broker goes on, and nothing acknowledged is lost. So is a send into a new
   segment whose directory entry an fsync failed to make durable.
+- The topic table's directory fsync: the renamed table is live, so the broker takes it and stops.
 """
 
 from __future__ import annotations
@@ -255,4 +256,37 @@ def test_a_staged_send_whose_file_could_not_be_made_durable_is_staged_once(fs, t
     finally:
         proc.kill9()
     fault_report("a failed directory fsync of a staged file", {"log": verdict})
+    assert verdict.ok and verdict.duplicated == 0, str(verdict)
+
+
+def test_a_topic_delete_whose_directory_fsync_failed_stops_the_broker(fs, tmp_path, fault_report):
+    """The topic table is replaced by a rename. When the directory fsync after it fails, a restart
+    reads the new table (a power cut might bring the old one back): the broker takes it as its
+    table and stops, as at a failed flush. It never acknowledges a send into the deleted topic,
+    which a restart would not have, and the other topic keeps everything acknowledged."""
+    doomed, doomed_queues = "doomed", 2
+    proc = _broker(fs, tmp_path, flush="sync")
+    acked: dict[str, int] = {}
+    into_doomed: dict[str, int] = {}
+    try:
+        with Admin(proc.address) as admin:
+            admin.create_topic(doomed, doomed_queues)
+        with Producer(proc.address, retry_timeout=5) as producer:
+            assert _send_rounds(producer, acked, 3) is None
+            assert _send_rounds(producer, into_doomed, 3, doomed) is None
+            fs.fail_fsyncs(1, directories=True)
+            with Admin(proc.address) as admin, pytest.raises(BrokerUnavailableError, match="topics.json"):
+                admin.delete_topic(doomed)
+            assert fs.stats()["failed_dir_fsyncs"] == 1
+            refused = _send_rounds(producer, dict(into_doomed), 1, doomed)
+        assert proc.proc.wait(timeout=30) == 1
+        assert refused is not None, "a send into the deleted topic was acknowledged"
+        proc.start()  # no power cut: the renamed table is the one on disk
+        with Admin(proc.address) as admin:
+            assert doomed not in {t.name for t in admin.list_topics()}
+        with BrokerConnection(proc.address) as conn:
+            verdict = check_keyed(acked, stored_keyed(conn, TOPIC, QUEUES))
+    finally:
+        proc.kill9()
+    fault_report("a failed directory fsync of the topic table", {"log": verdict})
     assert verdict.ok and verdict.duplicated == 0, str(verdict)
