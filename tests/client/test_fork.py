@@ -46,10 +46,13 @@ USER_PROCESS = textwrap.dedent("""
         sender.join()
         child = os.fork()
         if child == 0:
-            with Producer(address) as own:
-                for seq in range(KEYS):
-                    own.send(topic, f"forked:{seq}", key="forked")
-            os._exit(0)
+            try:
+                with Producer(address) as own:
+                    for seq in range(KEYS):
+                        own.send(topic, f"forked:{seq}", key="forked")
+                os._exit(0)
+            finally:  # never runs on into the parent's code
+                os._exit(1)
         deadline = time.monotonic() + 60
         while (ended := os.waitpid(child, os.WNOHANG)) == (0, 0):
             if time.monotonic() > deadline:
