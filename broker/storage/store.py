@@ -146,6 +146,7 @@ class Store:
         restart reads, though a power cut may bring the old one back: it becomes the table in
         memory too, and the broker stops as at a failed flush (``LostWrites``), so that it never
         acknowledges a send into a topic that a restart would not have."""
+        unsynced: UnsyncedRenameError | None = None
         try:
             with write_failure_as_error(self.data_dir, what):
                 for topic in {topic for topic, _ in new_queues}:  # queue directories exist before the commit
@@ -153,10 +154,7 @@ class Store:
                     fsync_dir(self.data_dir / "topics")
                 write_json_atomic(self._meta_path, topics)
         except UnsyncedRenameError as exc:
-            self._queues.update(new_queues)
-            self._topics = topics
-            self.lost_writes.record(f"the directory of {self._meta_path} (to {what})", exc)
-            self.lost_writes.check()  # raises: nothing more is stored
+            unsynced = exc
         except BaseException:
             for q in new_queues.values():
                 q.close()
@@ -165,6 +163,9 @@ class Store:
             raise
         self._queues.update(new_queues)
         self._topics = topics
+        if unsynced is not None:
+            self.lost_writes.record(f"the directory of {self._meta_path} (to {what})", unsynced)
+            self.lost_writes.check()  # raises: nothing more is stored
 
     def _new_queues(self, topic: str, queue_ids: range, what: str) -> dict[tuple[str, int], QueueLog]:
         """Open queue logs for ``queue_ids`` (no file is created before the first append)."""
