@@ -13,18 +13,21 @@ Polling takes a CPU, so it is done only where one is to spare:
   sending side by side overlap their waits anyway, and a polling thread takes the CPU and the GIL
   from them;
 - only while the machine has a CPU to spare (``SpareCpu``: its runnable threads, as
-  ``/proc/loadavg`` counts them every ``_LOOK_EVERY_S``, averaged over the last looks, as a
-  moment's extra thread is no reason to stop); once it has none, not for about a second. The
-  CPUs counted are those the process may run on, or its container's CPU quota where that is
-  fewer (``usable_cpus``). Two processes each sending alone on two cores sent 6,000 messages/s
-  polling without this look (the broker had no CPU left) against 12,000 asleep; with it, as many
-  as asleep;
+  ``/proc/loadavg`` counts them every ``_LOOK_EVERY_S``, averaged over the last
+  ``_AVERAGE_OVER_S``, as a moment's extra thread is no reason to stop); once it has none, not
+  for about a second. The CPUs counted are those the process may run on, or its container's CPU
+  quota where that is fewer (``usable_cpus``). Two processes each sending alone on two cores
+  sent 6,000 messages/s polling without this look (the broker had no CPU left) against 12,000
+  asleep; with it, as many as asleep. The looks go on while none is to spare: looks a second
+  apart kept a moment's burst of threads in the average for many seconds (a lone sender in the
+  benchmark, after the broker suite, sent 3,900 messages/s asleep instead of 7,700 polling);
 - polls that keep ending with no answer (a broker far away, one that fsyncs every send) stop: one
   round trip in ``_PROBE_EVERY`` polls then, to notice when answers come quickly again.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import socket
@@ -38,8 +41,9 @@ __all__ = ["SENDING", "BusyPoll", "SpareCpu", "usable_cpus"]
 _MISSES_BEFORE_PROBING = 4  # polls in a row that ended with no answer: from then on, only probes
 _PROBE_EVERY = 16  # round trips per poll once polls keep missing
 _LOOK_EVERY_S = 0.02  # how often the machine's runnable threads are counted
-_BUSY_PAUSE_S = 1.0  # no poll for about this long once the machine had no CPU to spare
-_WEIGHT = 0.1  # of each look in the average of runnable threads
+_BUSY_PAUSE_S = 1.0  # no poll for about this long after the machine last had no CPU to spare
+_AVERAGE_OVER_S = 0.2  # the time constant of the average of runnable threads
+_LOOK_WEIGHS_AT_MOST = 0.2  # one look, however long after the last one: a moment is not the average
 _CGROUPS = Path("/sys/fs/cgroup")
 
 
@@ -96,27 +100,38 @@ def _ratio(fields: list[str]) -> float | None:
 
 
 class SpareCpu:
-    """Whether the machine has a CPU to spare for a poll: it runs, on average over the last looks,
-    fewer than ``cpus`` + 0.5 runnable threads (the poller included). Callable; thread-safe enough
-    for a heuristic (a look racing another only repeats it)."""
+    """Whether the machine has a CPU to spare for a poll: it ran, on average over the last
+    ``_AVERAGE_OVER_S``, fewer than ``cpus`` + 0.5 runnable threads (the poller included), and
+    has for about ``_BUSY_PAUSE_S``. Callable; thread-safe enough for a heuristic (a look racing
+    another only repeats it)."""
 
-    def __init__(self, cpus: float | None = None) -> None:
+    def __init__(self, cpus: float | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.cpus = usable_cpus() if cpus is None else cpus
         self.spare = True
-        self._runnable = 0.0  # a moving average of the looks
-        self._look_at = 0.0  # time.monotonic() of the next look
+        self._clock = clock
+        self._runnable = 0.0  # the average of the looks, each weighed by the time since the one before
+        self._looked: float | None = None  # clock() of the last look
+        self._look_at = 0.0  # clock() of the next look
+        self._busy_until = 0.0  # clock() until which none is to spare
 
     def __call__(self) -> bool:
-        now = time.monotonic()
+        now = self._clock()
         if now >= self._look_at:
-            spare = self.look(_runnable_now())
-            self._look_at = now + (_LOOK_EVERY_S if spare else _BUSY_PAUSE_S * random.uniform(0.5, 1.5))
+            self._look_at = now + _LOOK_EVERY_S
+            self.look(_runnable_now(), now)
         return self.spare
 
-    def look(self, runnable: int) -> bool:
-        """Count ``runnable`` threads into the average; whether a CPU is to spare now."""
-        self._runnable += _WEIGHT * (runnable - self._runnable)
-        self.spare = self._runnable < self.cpus + 0.5
+    def look(self, runnable: int, now: float | None = None) -> bool:
+        """Count ``runnable`` threads, seen at ``now`` (``clock()``), into the average; whether a
+        CPU is to spare now."""
+        now = self._clock() if now is None else now
+        since = math.inf if self._looked is None else max(now - self._looked, 0.0)
+        self._looked = now
+        weight = min(1.0 - math.exp(-since / _AVERAGE_OVER_S), _LOOK_WEIGHS_AT_MOST)
+        self._runnable += weight * (runnable - self._runnable)
+        if self._runnable >= self.cpus + 0.5:
+            self._busy_until = now + _BUSY_PAUSE_S * random.uniform(0.5, 1.5)
+        self.spare = now >= self._busy_until
         return self.spare
 
 

@@ -18,7 +18,7 @@ from broker.proto import orderlymq_pb2 as pb
 from broker.wire.errors import OrderlyMQError
 from broker.wire.one_message import encode_one
 from broker.wire.tls import TlsOptions
-from connector.client import Admin, Producer
+from connector.client import Admin, Producer, busy_poll
 from connector.client.busy_poll import SENDING, BusyPoll, SpareCpu, usable_cpus
 from connector.client.connection import BrokerConnection
 from connector.client.send_port import SendPortClient
@@ -349,12 +349,28 @@ def test_polls_that_keep_missing_give_way_to_a_probe_now_and_then():
             poll.read(left, buffer)
 
 
-def test_polls_stop_while_the_machine_runs_more_threads_than_it_has_cpus_but_not_for_a_moment():
-    spare = SpareCpu(cpus=2)
-    assert all([spare.look(2) for _ in range(20)]), "the poller and the broker: two threads on two CPUs"
-    assert spare.look(5), "a moment's extra threads"
-    assert [spare.look(3) for _ in range(10)][-1] is False, "three threads for a while: no CPU to spare"
-    assert [spare.look(2) for _ in range(10)][-1] is True
+def test_polls_stop_while_the_machine_runs_more_threads_than_it_has_cpus_but_not_for_a_moment(monkeypatch):
+    now, runnable = [0.0], [2]
+    monkeypatch.setattr(busy_poll, "_runnable_now", lambda: runnable[0])
+    spare = SpareCpu(cpus=2, clock=lambda: now[0])
+
+    def asked(threads: int, seconds: float) -> list[bool]:  # as a lone sender's sends ask, every 5 ms
+        runnable[0], answers = threads, []
+        for _ in range(round(seconds / 0.005)):
+            now[0] += 0.005
+            answers.append(spare())
+        return answers
+
+    assert all(asked(2, 0.4)), "the poller and the broker: two threads on two CPUs"
+    assert all(asked(5, 0.02)), "a moment's extra threads"
+    assert all(asked(2, 0.4))
+    assert asked(3, 0.2)[-1] is False, "three threads for a while: no CPU to spare"
+    assert asked(2, 0.3)[-1] is False, "nor for about a second after"
+    assert asked(2, 1.5)[-1] is True
+    assert asked(8, 1.0)[-1] is False, "a burst of threads"
+    assert asked(2, 2.0)[-1] is True, "the burst is out of the average seconds later, not ten"
+    now[0] += 5.0
+    assert all(asked(4, 0.005)), "one look after a pause is not the whole average"
     assert BusyPoll(1000, cpu_to_spare=lambda: False).read(None, bytearray(8)) == 0
 
 
