@@ -20,7 +20,7 @@ Polling takes a CPU, so it is done only where one is to spare:
   sent 6,000 messages/s polling without this look (the broker had no CPU left) against 12,000
   asleep; with it, as many as asleep. The looks go on while none is to spare: looks a second
   apart kept a moment's burst of threads in the average for many seconds (a lone sender in the
-  benchmark, after the broker suite, sent 3,900 messages/s asleep instead of 7,700 polling);
+  benchmark, after the broker suite, sent 3,100-4,300 messages/s asleep, 5,500-8,350 polling);
 - polls that keep ending with no answer (a broker far away, one that fsyncs every send) stop: one
   round trip in ``_PROBE_EVERY`` polls then, to notice when answers come quickly again.
 """
@@ -121,10 +121,9 @@ class SpareCpu:
             self.look(_runnable_now(), now)
         return self.spare
 
-    def look(self, runnable: int, now: float | None = None) -> bool:
+    def look(self, runnable: int, now: float) -> bool:
         """Count ``runnable`` threads, seen at ``now`` (``clock()``), into the average; whether a
         CPU is to spare now."""
-        now = self._clock() if now is None else now
         since = math.inf if self._looked is None else max(now - self._looked, 0.0)
         self._looked = now
         weight = min(1.0 - math.exp(-since / _AVERAGE_OVER_S), _LOOK_WEIGHS_AT_MOST)
