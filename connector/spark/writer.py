@@ -1,14 +1,14 @@
 """The sink: one mixin shared by the batch writer (``df.write``) and the stream writer
 (``df.writeStream``).
 
-A task routes each input Arrow batch with the routing function (``connector.spark.sharding``),
-groups its rows by target queue with a stable sort (so every queue receives the task's rows in
-the order the task saw them) and sends each group as one or more Arrow batches. With
-``exactlyOnce`` (the default) the sends are staged in the task's own broker transaction and made
-visible by the driver's commit in partition order (``connector.spark.transactions``): a failed
-attempt leaves nothing visible, a replayed batch is committed once. Without it the task sends
-directly (at-least-once, still ordered within the task) with idempotent-producer sequence numbers,
-so a retried send is stored once.
+A task routes its input Arrow batches, a few at a time (``_gathered``), with the routing function
+(``connector.spark.sharding``), groups their rows by target queue with a stable sort (so every
+queue receives the task's rows in the order the task saw them) and sends each group as one or
+more Arrow batches. With ``exactlyOnce`` (the default) the sends are staged in the task's own
+broker transaction and made visible by the driver's commit in partition order
+(``connector.spark.transactions``): a failed attempt leaves nothing visible, a replayed batch is
+committed once. Without it the task sends directly (at-least-once, still ordered within the task)
+with idempotent-producer sequence numbers, so a retried send is stored once.
 
 Every send is idempotent: an at-least-once send carries its producer sequence, a staged send its
 number in the transaction, so a send whose answer was lost (a broker restart, a closed
@@ -115,11 +115,10 @@ class _OrderlyMQWriterMixin:
                 # the topic's route is read and the transaction begun, round trips a micro-batch would
                 # otherwise wait for after it.
                 prepared = pool.submit(self._prepare, router, sender)
-                for batch in iterator:
+                for rows in _gathered(iterator, self.options.max_batch_bytes):
                     prepared.result()
-                    if batch.num_rows:
-                        for topic, queue_id, table, size in router.route(batch):
-                            sender.add(topic, queue_id, table, size)
+                    for topic, queue_id, table, size in router.route(rows):
+                        sender.add(topic, queue_id, table, size)
                 prepared.result()
             sender.flush_all()
             sender.drop_abandoned()
@@ -228,7 +227,7 @@ class _Router:
             self.counts[topic] = count
         return count
 
-    def route(self, batch: pa.RecordBatch) -> Iterator[tuple[str, int, pa.Table, int]]:
+    def route(self, batch: pa.RecordBatch | pa.Table) -> Iterator[tuple[str, int, pa.Table, int]]:
         """The batch's messages as ``(topic, queue id, message table, its size in bytes)`` per
         queue, each queue's in input order."""
         n = batch.num_rows
@@ -302,6 +301,31 @@ class _Router:
                 f"(topic {topic!r} has {count} queues): fix the ids, or route by key with option 'shardingKey'"
             )
         return ids
+
+
+_ROUTE_ROWS = 40_000  # input rows routed at once, at most
+
+
+def _gathered(batches: Iterator[pa.RecordBatch], max_bytes: int) -> Iterator[pa.Table]:
+    """The input batches, in order, gathered into tables of ``_ROUTE_ROWS`` rows or ``max_bytes``
+    (``maxBatchBytes``: no more than the task could send at once), the last one maybe less; none empty.
+
+    Routing costs a little per call besides its cost per row (each distinct key hashed, the sort,
+    the message table's columns made): Spark hands a writer batches of 10,000 rows, and routing
+    40,000 at once takes two thirds of the time (100-byte bodies, 1,000 keys)."""
+    gathered: list[pa.RecordBatch] = []
+    rows = size = 0
+    for batch in batches:
+        if not batch.num_rows:
+            continue
+        gathered.append(batch)
+        rows += batch.num_rows
+        size += batch.get_total_buffer_size()
+        if rows >= _ROUTE_ROWS or size >= max_bytes:
+            yield pa.Table.from_batches(gathered)
+            gathered, rows, size = [], 0, 0
+    if gathered:
+        yield pa.Table.from_batches(gathered)
 
 
 _Payload = Sequence[bytes | pa.Buffer]  # an Arrow IPC stream as the parts that concatenate to it

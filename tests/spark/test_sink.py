@@ -440,6 +440,26 @@ def test_plans_removed_by_retention(broker_factory, topic_name, caplog, before):
         check_routed_in_order(conn, topic_name, 2, visible)
 
 
+def test_input_batches_are_routed_a_few_at_a_time_each_queue_in_order(broker, conn, topic_name, monkeypatch):
+    """A task routes Spark's input batches gathered (``_ROUTE_ROWS`` rows at most, the last fewer;
+    empty ones skipped): every row reaches its queue once, each key's in input order."""
+    from connector.spark import writer as writer_module
+
+    routed: list[int] = []
+    route = writer_module._Router.route
+    monkeypatch.setattr(writer_module._Router, "route", lambda self, rows: (routed.append(rows.num_rows),
+                                                                           route(self, rows))[1])
+    create_topic(conn, topic_name, 4)
+    writer = _writer(broker, topic_name)
+    events = keyed_events(50, 1200)  # 60,000 rows in batches of 10,000 as Spark hands them
+    batches = [_batch(events[start:start + 10_000]) for start in range(0, len(events), 10_000)]
+    batches.insert(3, batches[0].slice(0, 0))
+    message = writer.write(iter(batches))
+    assert routed == [writer_module._ROUTE_ROWS, len(events) - writer_module._ROUTE_ROWS]
+    writer.commit([message], 0)
+    check_routed_in_order(conn, topic_name, 4, events)
+
+
 def test_routed_queues_carry_their_rows_in_order_and_their_size(broker, conn, topic_name):
     """The router's groups: every row once, each queue's in input order, sized by their bytes (keys
     and bodies exactly), with null properties that carry no entries to the broker."""
