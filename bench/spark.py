@@ -12,7 +12,7 @@ import time
 import uuid
 from pathlib import Path
 
-from bench.broker import BODY_BYTES, make_batch
+from bench.broker import BODY_BYTES, make_batch, make_table
 from bench.memsource import DiscardSink, MemSource
 from bench.report import Row, percentile
 from broker.launcher import BrokerProcess
@@ -158,6 +158,36 @@ def micro_batch_floor(spark, workdir: Path, seconds: float = 10.0) -> dict[str, 
     return _phases(progress[len(progress) // 5:])
 
 
+def sink_task_cpu_ns(address: str, rows: int, rounds: int) -> dict[str, float]:
+    """The CPU one sink task spends per row it writes (ns, median of ``rounds``), at least once and
+    exactly once: the writer's own work, which bounds a task's rate where the broker runs on other
+    machines. Run in this process on Spark's input batches of 10,000 rows (100-byte bodies, 1,000
+    keys), the broker apart; its commit (the driver's) is left out."""
+    from pyspark.sql.types import BinaryType, StringType, StructField, StructType
+
+    from connector.spark import OrderlyMQDataSource
+
+    schema = StructType([StructField("key", StringType()), StructField("body", BinaryType())])
+    batch = make_table(PULL_BATCH_ROWS).to_batches()[0]
+    conn = BrokerConnection(address)
+    figures = {}
+    for exactly_once in ("false", "true"):
+        costs = []
+        for _ in range(rounds):
+            topic = f"task-cpu-{uuid.uuid4().hex[:6]}"
+            conn.call("CreateTopic", pb.CreateTopicRequest(topic=topic, queue_count=QUEUES))
+            source = OrderlyMQDataSource({"brokers": address, "topic": topic, "shardingKey": "key",
+                                          "exactlyOnce": exactly_once})
+            writer = source.streamWriter(schema, False)
+            started = time.process_time()
+            message = writer.write(iter([batch] * (rows // PULL_BATCH_ROWS)))
+            costs.append((time.process_time() - started) / message.rows * 1e9)
+            writer.commit([message], 0)
+        figures["exactly once" if exactly_once == "true" else "at least once"] = statistics.median(costs)
+    conn.close()
+    return figures
+
+
 def control_cost_ms(address: str, repeats: int = 30) -> dict[str, float]:
     """Broker round trips one micro-batch makes besides data: lock renewal of every queue, an
     offset commit per queue, and a transaction begin + commit per sink task."""
@@ -232,6 +262,9 @@ def run(workdir: Path, quick: bool) -> list[Row]:
                            extra={"micro-batch phases, median ms": floor}))
             print("Spark's own micro-batch, phases (median ms):",
                   ", ".join(f"{name} {ms:.0f}" for name, ms in floor.items()))
+            for guarantee, ns in sink_task_cpu_ns(broker.address, 200_000 if quick else 1_000_000, 3).items():
+                out.append(Row(f"spark sink task: CPU per row written ({guarantee})", ns, "ns", message_bytes=BODY_BYTES,
+                               queues=QUEUES))
             for name, ms in control_cost_ms(broker.address).items():
                 out.append(Row(f"per micro-batch: {name} ({QUEUES} queues)", ms, "ms", queues=QUEUES))
         finally:

@@ -26,6 +26,7 @@ def test_quick_benchmarks_write_valid_json(tmp_path):
                      "ConcurrentConsumer of a backlog, one message per listener call, each once",
                      "spark source: orderlymq -> noop (AvailableNow)",
                      "spark sink: benchmem -> orderlymq (exactly once)",
+                     "spark sink task: CPU per row written (exactly once)",
                      "peers: synchronous send, orderlymq vs Redis Streams",
                      "peers: ordered consume, orderlymq vs NATS JetStream"):
         assert expected in workloads
