@@ -1,8 +1,8 @@
 """Spark benchmarks: the ``orderlymq`` source and sink against the ceilings of Spark's Python data
 source path (``benchmem``, the same Arrow schema and batch sizes from memory; ``benchdiscard``, a
 Python Arrow writer that drops its input) and ``noop``, measured in turn (full run: medians of 3
-rounds); end-to-end latency with the phases of its micro-batches; the broker-side cost of one
-micro-batch's control calls."""
+rounds); end-to-end latency with the phases of its micro-batches; the CPU a sink task spends per
+row; the broker-side cost of one micro-batch's control calls."""
 
 from __future__ import annotations
 
