@@ -109,33 +109,17 @@ def encode_parts(data: pa.RecordBatch | pa.Table) -> list[bytes | pa.Buffer]:
 class _Parts:
     """A file that keeps what is written to it as written: given to Arrow's IPC writer, it holds a
     record batch's message as the batch's own buffers (slices of them) between a few small bytes
-    of framing, metadata and padding."""
+    of framing, metadata and padding. The writer asks no more of it than this (``pa.PythonFile``
+    reads ``closed``, then only writes)."""
 
     closed = False
 
     def __init__(self) -> None:
         self.parts: list[bytes | pa.Buffer] = []
-        self.size = 0
 
     def write(self, data: bytes | pa.Buffer) -> int:
         self.parts.append(data)
-        self.size += len(data)
         return len(data)
-
-    def tell(self) -> int:
-        return self.size
-
-    def flush(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-    def writable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return False
 
 
 def _batch_parts(batch: pa.RecordBatch, schema_message: bytes) -> list[bytes | pa.Buffer]:
