@@ -27,7 +27,7 @@ __all__ = ["encode_rows"]
 
 _PAD = [b"\x00" * n for n in range(8)]
 _NAMES = ("key", "tag", "body", "properties", "born_timestamp")
-_FIELDS = itemgetter(*_NAMES)
+_FIELDS = [itemgetter(name) for name in _NAMES]
 _TEXT = {str, type(None)}
 _BYTES = {bytes}
 _LITTLE_ENDIAN = sys.byteorder == "little"  # Arrow's buffers are little-endian; array() writes the machine's order
@@ -184,10 +184,12 @@ def _born(born: Sequence) -> bytes:
         raise
 
 
-def _columns(rows: Sequence[Mapping[str, Any]]) -> list[tuple]:
-    """key, tag, body, properties and born_timestamp of every row, column by column."""
+def _columns(rows: Sequence[Mapping[str, Any]]) -> list[Sequence]:
+    """key, tag, body, properties and born_timestamp of every row, column by column. Read a column
+    at a time: transposing row tuples made two objects per row for Python's cyclic collector (a
+    tuple, and ``zip``'s iterator over it), a pipelining producer's main cost of collection."""
     try:
-        return list(zip(*map(_FIELDS, rows), strict=True))
+        return [list(map(field, rows)) for field in _FIELDS]
     except (KeyError, TypeError):  # a dict without some of them (or another mapping)
         return [tuple(row.get(name) for row in rows) for name in _NAMES]
 
