@@ -75,8 +75,24 @@ _PORT_CONNECT_TIMEOUT_S = 2.0  # past it, batches go over gRPC while the send po
 _RESEND_KINDS = frozenset({"NotMasterError", "ReplicationTimeoutError"})
 
 
+def _stored_at(topic: str, queue_id: int, store_timestamp: int, duplicate: bool) -> Callable[[int], SendResult]:
+    """The ``SendResult`` of a message of one answer, given its offset."""
+    return lambda offset: SendResult(topic, queue_id, offset, store_timestamp, duplicate)
+
+
 def _response_error(response: pb.SendResponse) -> OrderlyMQError:
     return from_answer(response.error_code, response.error_message, response.error_kind)
+
+
+class _Submitted(SendFuture):
+    """The future of one ``submit_one``, carrying its message to the dispatcher until it joins its
+    queue. The inbox holds these rather than a tuple per message, which was one more object per
+    message in flight for Python's cyclic collector: with its futures kept, a pipelining producer
+    sent 82,000 msg/s with the tuples and 115,000-123,000 without (500,000 sends)."""
+
+    def __init__(self, topic: str, queue_id: int, row: dict, deadline: float, at: float) -> None:
+        SendFuture.__init__(self)  # not super(): a super object is one more for the cyclic collector
+        self._topic, self._queue_id, self._row, self._deadline, self._at = topic, queue_id, row, deadline, at
 
 
 @dataclass(eq=False, slots=True)
@@ -199,7 +215,7 @@ class PipelinedSender:
         self._buffered = 0  # rows submitted and not yet on the stream
         self._flushing = 0
         self._closed = False
-        self._inbox: deque[tuple] = deque()  # (topic, queue id, row, future, deadline, time) of submit_one
+        self._inbox: deque[_Submitted] = deque()
         self._idle = False  # the dispatcher waits with nothing buffered: an inbox message must wake it
         self._send_port = SendPortClient(connection, busy_poll_us)  # send_direct's round trips poll
         self._dispatcher = threading.Thread(target=self._dispatch_loop, name="orderlymq-send-dispatch", daemon=True)
@@ -273,17 +289,17 @@ class PipelinedSender:
         that takes the lock) empties into the queues in arrival order: threads calling this side by
         side would otherwise hand the lock to each other on most calls, each hand-over a thread
         woken that must then wait for the GIL (four threads sent a third of what one did)."""
-        future = SendFuture()
         now = time.monotonic()
+        future = _Submitted(topic, queue_id, row, deadline, now)
         if (self._closed or self._buffered + len(self._inbox) >= self.max_buffered
                 or deadline < now + self.delivery_timeout - _WATCH_INTERVAL_S):
             with self._lock:  # the condition's lock, without the condition's own Python-level __enter__
                 self._take_inbox()
-                self._add_one(self._partition_with_room(topic, queue_id), row, future, deadline, now)
+                self._add_one(self._partition_with_room(topic, queue_id), future)
                 self._cond.notify_all()
                 self._watch.notify()  # perhaps well before the usual deadline: the watchdog must see it now
             return future
-        self._inbox.append((topic, queue_id, row, future, deadline, now))
+        self._inbox.append(future)
         # After the append, as the dispatcher marks itself idle before looking at the inbox: one of
         # the two sees the other, so a message never waits in the inbox for a sleeping dispatcher.
         if self._idle or self._closed:
@@ -297,17 +313,20 @@ class PipelinedSender:
         order they came (before anything later of the same thread, which takes the lock first)."""
         inbox = self._inbox
         while inbox:
-            topic, queue_id, row, future, deadline, at = inbox.popleft()
+            future = inbox.popleft()
             if self._closed:
+                future._row = None
                 future.set_exception(OrderlyMQError("the producer is closed; create a new one to send"))
                 continue
-            partition = self._partitions.get((topic, queue_id))
+            queue = (future._topic, future._queue_id)
+            partition = self._partitions.get(queue)
             if partition is None:
-                partition = self._partitions[(topic, queue_id)] = _Partition()
-            self._add_one(partition, row, future, deadline, at)
+                partition = self._partitions[queue] = _Partition()
+            self._add_one(partition, future)
 
-    def _add_one(self, partition: _Partition, row: dict, future: SendFuture, deadline: float, at: float) -> None:
+    def _add_one(self, partition: _Partition, future: _Submitted) -> None:
         """Under the lock: one message into its queue's last chunk of single sends while it fits."""
+        row, future._row = future._row, None  # a future the caller keeps does not keep the message
         nbytes = _row_bytes(row)
         pending = partition.pending
         last = pending[-1] if pending else None
@@ -319,8 +338,8 @@ class PipelinedSender:
             last.nbytes += nbytes
         else:
             if last is None:
-                partition.oldest = at
-            pending.append(_Chunk(None, [row], [future], True, nbytes, 1, deadline))
+                partition.oldest = future._at
+            pending.append(_Chunk(None, [row], [future], True, nbytes, 1, future._deadline))
         partition.pending_rows += 1
         partition.pending_bytes += nbytes
         self._buffered += 1
@@ -697,8 +716,8 @@ class PipelinedSender:
             topic, queue_id, stamp, duplicate = batch.topic, batch.queue_id, response.store_timestamp, response.duplicate
             for chunk in batch.chunks:
                 if chunk.single:
-                    SendFuture.set_results(chunk.futures, [(topic, queue_id, offset + i, stamp, duplicate)
-                                                           for i in range(chunk.num_rows)], SendResult)
+                    SendFuture.set_results(chunk.futures, range(offset, offset + chunk.num_rows),
+                                           _stored_at(topic, queue_id, stamp, duplicate))
                 else:
                     chunk.futures[0].set_result(
                         SendResults.stored_run(topic, queue_id, offset, chunk.num_rows, stamp, duplicate))

@@ -3,6 +3,7 @@ retries across a broker restart, and precise errors."""
 
 from __future__ import annotations
 
+import gc
 import threading
 
 import pyarrow as pa
@@ -81,6 +82,22 @@ def test_pipelined_async_sends_keep_every_key_in_order(broker, admin, topic_name
         results = [f.result(timeout=30) for f in futures]
     assert len({(r.queue_id, r.queue_offset) for r in results}) == len(futures)
     assert_per_key_order(read_topic(broker.address, topic_name), expected, 4)
+
+
+def test_a_kept_async_send_future_holds_its_result_not_its_message(broker, admin, topic_name):
+    """A program that keeps every future of a long run of sends must not keep every message too."""
+    admin.create_topic(topic_name, 2)
+    bodies = [f"body-{n}".encode() * 10 for n in range(50)]
+    with Producer(broker.address, linger_ms=2, max_batch_messages=8) as producer:
+        futures = [producer.send_async(topic_name, body, key=f"k{n % 5}") for n, body in enumerate(bodies)]
+        producer.flush()
+    stored = read_topic(broker.address, topic_name)
+    for body, future in zip(bodies, futures, strict=True):
+        held = gc.get_referents(future)
+        held += [item for holder in held if not isinstance(holder, type) for item in gc.get_referents(holder)]
+        assert not any(item is body for item in held), "a resolved future still refers to its message"
+        result = future.result()
+        assert stored[result.queue_id][result.queue_offset].body == body
 
 
 def test_concurrent_sync_senders_keep_their_own_order(broker, admin, producer, topic_name):
