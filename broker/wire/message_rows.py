@@ -187,7 +187,7 @@ def _born(born: Sequence) -> bytes:
 def _columns(rows: Sequence[Mapping[str, Any]]) -> list[Sequence]:
     """key, tag, body, properties and born_timestamp of every row, column by column. Read a column
     at a time: transposing row tuples made two objects per row for Python's cyclic collector (a
-    tuple, and ``zip``'s iterator over it), a pipelining producer's main cost of collection."""
+    tuple, and ``zip``'s iterator over it), which a pipelining producer paid per message."""
     try:
         return [list(map(field, rows)) for field in _FIELDS]
     except (KeyError, TypeError):  # a dict without some of them (or another mapping)

@@ -87,8 +87,7 @@ def _response_error(response: pb.SendResponse) -> OrderlyMQError:
 class _Submitted(SendFuture):
     """The future of one ``submit_one``, carrying its message to the dispatcher until it joins its
     queue. The inbox holds these rather than a tuple per message, which was one more object per
-    message in flight for Python's cyclic collector: with its futures kept, a pipelining producer
-    sent 82,000 msg/s with the tuples and 115,000-123,000 without (500,000 sends)."""
+    message in flight for Python's cyclic collector (what that costs: docs/client.md)."""
 
     def __init__(self, topic: str, queue_id: int, row: dict, deadline: float, at: float) -> None:
         SendFuture.__init__(self)  # not super(): a super object is one more for the cyclic collector
