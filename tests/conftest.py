@@ -71,6 +71,7 @@ def spark():
         # As conf/spark-defaults.conf: no forked chmod per checkpoint file.
         .config("spark.sql.streaming.checkpointFileManagerClass",
                 "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager")
+        .config("spark.python.unix.domain.socket.enabled", "true")  # as conf/: no delayed-ACK wait per task
         .config("spark.driver.extraJavaOptions", f"-Dlog4j.configurationFile={ROOT / 'conf' / 'log4j2.properties'}")
         .getOrCreate()
     )
