@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import os
-import sys
 import uuid
 from pathlib import Path
 
 import pytest
 from hypothesis import settings
 
-ROOT = Path(__file__).resolve().parent.parent
-os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+from spark_jobs.session import prepare_environment
+
+prepare_environment()  # as every job: loopback, this interpreter, and conf/ as SPARK_CONF_DIR
 
 # No time limit per example: a test judges behaviour, never speed, and the machine may be busy.
 settings.register_profile("orderlymq", deadline=None)
@@ -59,20 +56,14 @@ def topic_name():
 
 @pytest.fixture(scope="session")
 def spark():
-    """One local[2] SparkSession for the whole run (starting one costs ~10 s)."""
+    """One local[2] SparkSession for the whole run (starting one costs ~10 s), with conf/'s settings
+    (spark-defaults.conf, log4j2.properties) as the jobs and the demo have them."""
     from pyspark.sql import SparkSession
 
     session = (
         SparkSession.builder.master("local[2]")
         .appName("orderlymq-tests")
         .config("spark.sql.shuffle.partitions", "4")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.streaming.stopTimeout", "30s")
-        # As conf/spark-defaults.conf: no forked chmod per checkpoint file.
-        .config("spark.sql.streaming.checkpointFileManagerClass",
-                "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager")
-        .config("spark.python.unix.domain.socket.enabled", "true")  # as conf/: no delayed-ACK wait per task
-        .config("spark.driver.extraJavaOptions", f"-Dlog4j.configurationFile={ROOT / 'conf' / 'log4j2.properties'}")
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("WARN")
