@@ -45,6 +45,9 @@ def write_report(rows: list[Row], path: Path, mode: str) -> None:
     for r in rows:
         ceiling = f"{r.ceiling:,.0f} ({r.ceiling_name})" if r.ceiling else "-"
         ratio = f"{r.ratio:.2f}" if r.ratio is not None else "-"
+        spread = r.extra.get("round ratios", [])
+        if len(spread) > 1:  # the rounds' own ratios, lowest to highest
+            ratio += f" ({min(spread):.2f}-{max(spread):.2f})"
         table.add_row(r.workload, f"{r.figure:,.1f} {r.unit}", ceiling, ratio, str(r.message_bytes or "-"),
                       str(r.queues or "-"), r.goal)
     Console(width=160).print(table)

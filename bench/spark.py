@@ -58,20 +58,28 @@ def _medians(rounds: list[tuple[float, ...]]) -> tuple[float, ...]:
     return tuple(statistics.median(values) for values in zip(*rounds, strict=True))
 
 
+def _round_ratios(rounds: list[tuple[float, ...]], figure: int, ceiling: int) -> dict[str, list[float]]:
+    """A row's ``extra``: the ratio of each round (a figure to the ceiling measured beside it), which
+    shows how far one run's rounds spread around the ratio of the medians."""
+    return {"round ratios": [round(each[figure] / each[ceiling], 3) for each in rounds]}
+
+
 def source_vs_ceiling(spark, workdir: Path, address: str, topic: str, rows: int,
-                      rounds: int = 1) -> tuple[float, float]:
+                      rounds: int = 1) -> list[tuple[float, float]]:
+    """Rows/s of the source and of ``benchmem``, per round."""
     def one_round() -> tuple[float, float]:
         ours = rows / _run_available_now(_source(spark, address, topic, f"bench-{uuid.uuid4().hex[:6]}"),
                                          workdir / f"ck-{uuid.uuid4().hex}")
         ceiling = rows / _run_available_now(_mem(spark, rows), workdir / f"ck-{uuid.uuid4().hex}")
         return ours, ceiling
 
-    return _medians([one_round() for _ in range(rounds)])
+    return [one_round() for _ in range(rounds)]
 
 
 def sink_vs_ceiling(spark, workdir: Path, address: str, rows: int,
-                    rounds: int = 1) -> tuple[float, float, float, float]:
-    """Rows/s of the sink exactly once and at least once, of ``noop`` and of the discarding Python writer."""
+                    rounds: int = 1) -> list[tuple[float, float, float, float]]:
+    """Rows/s of the sink exactly once and at least once, of ``noop`` and of the discarding Python
+    writer, per round."""
     conn = BrokerConnection(address)
 
     def one_round() -> tuple[float, float, float, float]:
@@ -89,7 +97,7 @@ def sink_vs_ceiling(spark, workdir: Path, address: str, rows: int,
         return rates[0], rates[1], noop, discard
 
     try:
-        return _medians([one_round() for _ in range(rounds)])
+        return [one_round() for _ in range(rounds)]
     finally:
         conn.close()
 
@@ -239,16 +247,19 @@ def run(workdir: Path, quick: bool) -> list[Row]:
             _run_available_now(_source(spark, broker.address, "bench-warm", "warm"), workdir / "ck-warm")
             _run_available_now(_mem(spark, 20_000), workdir / "ck-warm-mem")
             sink_vs_ceiling(spark, workdir, broker.address, 20_000)
-            ours, ceiling = source_vs_ceiling(spark, workdir, broker.address, "bench-src", rows_total, rounds)
+            measured = source_vs_ceiling(spark, workdir, broker.address, "bench-src", rows_total, rounds)
+            ours, ceiling = _medians(measured)
             out.append(Row("spark source: orderlymq -> noop (AvailableNow)", ours, "rows/s", ceiling,
-                           "benchmem -> noop", BODY_BYTES, QUEUES, ">= 0.8 of ceiling"))
-            eo, alo, noop, discard = sink_vs_ceiling(spark, workdir, broker.address, rows_total, rounds)
+                           "benchmem -> noop", BODY_BYTES, QUEUES, ">= 0.8 of ceiling", _round_ratios(measured, 0, 1)))
+            measured = sink_vs_ceiling(spark, workdir, broker.address, rows_total, rounds)
+            eo, alo, noop, discard = _medians(measured)
             out.append(Row("spark sink: benchmem -> orderlymq (exactly once)", eo, "rows/s", discard,
-                           "benchmem -> Python discard writer", BODY_BYTES, QUEUES, ">= 0.8 of ceiling"))
+                           "benchmem -> Python discard writer", BODY_BYTES, QUEUES, ">= 0.8 of ceiling",
+                           _round_ratios(measured, 0, 3)))
             out.append(Row("spark sink: benchmem -> orderlymq (at least once)", alo, "rows/s", discard,
-                           "benchmem -> Python discard writer", BODY_BYTES, QUEUES))
+                           "benchmem -> Python discard writer", BODY_BYTES, QUEUES, extra=_round_ratios(measured, 1, 3)))
             out.append(Row("spark sink ceiling: benchmem -> Python discard writer", discard, "rows/s", noop,
-                           "benchmem -> noop (JVM only)", BODY_BYTES, QUEUES))
+                           "benchmem -> noop (JVM only)", BODY_BYTES, QUEUES, extra=_round_ratios(measured, 3, 2)))
             p50, p99, phases = end_to_end_latency(spark, workdir, broker.address, 25 if quick else 200)
             out.append(Row("end-to-end latency p50 (produce -> sink output)", p50, "ms", goal="<= 150 ms",
                            message_bytes=BODY_BYTES, queues=1, extra={"micro-batch phases, median ms": phases}))

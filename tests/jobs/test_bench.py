@@ -32,3 +32,5 @@ def test_quick_benchmarks_write_valid_json(tmp_path):
         assert expected in workloads
     for row in doc["rows"]:
         assert math.isfinite(row["figure"]) and row["figure"] > 0, row
+    source = next(row for row in doc["rows"] if row["workload"] == "spark source: orderlymq -> noop (AvailableNow)")
+    assert source["extra"]["round ratios"] == [round(source["ratio"], 3)]  # --quick measures one round
