@@ -246,10 +246,11 @@ def run(workdir: Path, quick: bool) -> list[Row]:
             # Warm the Python workers of every path so no figure pays the start-up.
             _run_available_now(_source(spark, broker.address, "bench-warm", "warm"), workdir / "ck-warm")
             _run_available_now(_mem(spark, 20_000), workdir / "ck-warm-mem")
-            sink_vs_ceiling(spark, workdir, broker.address, 20_000)
-            if not quick:
-                # And a full-size round of each, not counted: the first run of that size through the
-                # broker and the connector's workers was 19-25% slower than the next ones here (their
+            if quick:
+                sink_vs_ceiling(spark, workdir, broker.address, 20_000)
+            else:
+                # A full-size round of each comparison, not counted: the first run of that size through
+                # the broker and the connector's workers was 19-25% slower than the next ones here (their
                 # memory growing to its working size), against 3-5% for the ceilings.
                 source_vs_ceiling(spark, workdir, broker.address, "bench-src", rows_total)
                 sink_vs_ceiling(spark, workdir, broker.address, rows_total)
