@@ -249,9 +249,9 @@ def run(workdir: Path, quick: bool) -> list[Row]:
             if quick:
                 sink_vs_ceiling(spark, workdir, broker.address, 20_000)
             else:
-                # A full-size round of each comparison, not counted: the first run of that size through
-                # the broker and the connector's workers was 19-25% slower than the next ones here (their
-                # memory growing to its working size), against 3-5% for the ceilings.
+                # A full-size round of each comparison, not counted: here the run after the first one of
+                # that size through the broker and the connector's workers was 19-25% faster (their memory
+                # grown to its working size), the ceilings' 3-5%.
                 source_vs_ceiling(spark, workdir, broker.address, "bench-src", rows_total)
                 sink_vs_ceiling(spark, workdir, broker.address, rows_total)
             measured = source_vs_ceiling(spark, workdir, broker.address, "bench-src", rows_total, rounds)
