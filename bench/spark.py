@@ -237,23 +237,19 @@ def run(workdir: Path, quick: bool) -> list[Row]:
     with BrokerProcess(workdir / "spark-bench", "--log-level", "WARNING") as broker:
         conn = BrokerConnection(broker.address)
         _prefill(conn, "bench-src", rows_total)
-        _prefill(conn, "bench-warm", 20_000)
+        # An uncounted round of each comparison warms the Python workers of every path. A full run's is
+        # full-size: here the run after the first one of that size through the broker and the
+        # connector's workers was 19-25% faster (their memory grown to its working size), the ceilings' 3-5%.
+        warm_topic, warm_rows = ("bench-warm", 20_000) if quick else ("bench-src", rows_total)
+        if quick:
+            _prefill(conn, warm_topic, warm_rows)
         conn.close()
         spark = spark_session("orderlymq-bench")
         spark.dataSource.register(MemSource)
         spark.dataSource.register(DiscardSink)
         try:
-            # Warm the Python workers of every path so no figure pays the start-up.
-            _run_available_now(_source(spark, broker.address, "bench-warm", "warm"), workdir / "ck-warm")
-            _run_available_now(_mem(spark, 20_000), workdir / "ck-warm-mem")
-            if quick:
-                sink_vs_ceiling(spark, workdir, broker.address, 20_000)
-            else:
-                # A full-size round of each comparison, not counted: here the run after the first one of
-                # that size through the broker and the connector's workers was 19-25% faster (their memory
-                # grown to its working size), the ceilings' 3-5%.
-                source_vs_ceiling(spark, workdir, broker.address, "bench-src", rows_total)
-                sink_vs_ceiling(spark, workdir, broker.address, rows_total)
+            source_vs_ceiling(spark, workdir, broker.address, warm_topic, warm_rows)
+            sink_vs_ceiling(spark, workdir, broker.address, warm_rows)
             measured = source_vs_ceiling(spark, workdir, broker.address, "bench-src", rows_total, rounds)
             ours, ceiling = _medians(measured)
             out.append(Row("spark source: orderlymq -> noop (AvailableNow)", ours, "rows/s", ceiling,
