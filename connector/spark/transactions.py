@@ -29,7 +29,11 @@ the source offsets): neither waits for the other, and a lookup that starts earli
 only reads more plans. A process that
 committed an earlier batch of the query starts the next lookup at that batch's plan without
 asking: any plan of a later batch was recorded after it (Spark commits a batch only once the one
-before it has completed), so nothing is skipped. Plans are removed by the broker's retention; the
+before it has completed), so nothing is skipped. When that earlier batch was of the same run of
+the query (Spark's ``runId``, which the tasks read from their job group), there is no lookup at
+all: within a run Spark calls a batch's commit once (a failed commit ends the run), and no earlier
+run can have planned a batch after one this run committed (an earlier run plans batch N only
+once N - 1 is in the commit log, and a run that follows starts at N or later). Plans are removed by the broker's retention; the
 position of the query's last plan, stored in the group ``spark-sink/<query id>/planned`` before
 any commit, tells a replay whose plan is gone that the batch's commit began (it fails, rather than
 writing the batch again).
@@ -74,9 +78,10 @@ log = logging.getLogger(__name__)
 SINK_LOG_TOPIC = "__orderlymq_spark_sink"
 _PLAN_TAG = "plan"
 
-# (bootstrap broker, query id) -> (batch id, log position of its plan), for the batches this process
-# committed: where the lookup of a later batch of the query starts (see the module docstring).
-_committed_here: dict[tuple[str, str], tuple[int, int]] = {}
+# (bootstrap broker, query id) -> (batch id, log position of its plan, run id), for the batches this
+# process committed: where the lookup of a later batch of the query starts, and whether one is
+# needed (see the module docstring).
+_committed_here: dict[tuple[str, str], tuple[int, int, str]] = {}
 
 
 def task_txn_id(query_id: str, batch_id: int, partition: int, task_attempt: int, attempt: int) -> str:
@@ -155,12 +160,14 @@ def commit_batch(
     *,
     replayable: bool,
     then: Callable[[], object] | None = None,
+    run_id: str = "",
 ) -> int:
     """Commit the batch ``batch_id`` of ``query_id`` once; the number of rows made visible now.
 
     ``txns`` are this attempt's ``(partition, broker group, transaction id)``. With ``replayable``
     (a streaming query) a plan recorded by an earlier attempt of the batch wins, as explained above,
     and ``then`` is called once the batch is visible, while its plan's position is recorded.
+    ``run_id``: the query's run the batch belongs to, empty when unknown (then a lookup is always made).
     """
     txns = sorted(txns)
     if isinstance(conn, RoutedConnection) and any(group for _, group, _ in txns):
@@ -168,7 +175,7 @@ def commit_batch(
     if not replayable:
         return sum(_commit(conn, group, txn_id) for _, group, txn_id in txns)
     try:
-        found = _find_plan(conn, query_id, batch_id)
+        found = None if _later_in_run(conn, query_id, batch_id, run_id) else _find_plan(conn, query_id, batch_id)
     except TopicNotFoundError:  # the first batch ever committed through this broker: no plan anywhere
         _ensure_sink_log(conn)
         found = None
@@ -194,7 +201,7 @@ def commit_batch(
     abort_all(conn, [(group, txn_id) for _, group, txn_id in txns if (group, txn_id) not in used])
     # Batches before this one can no longer be replayed (Spark recorded them as done before it
     # started this one); this one can, until Spark records it: later lookups start at its plan.
-    _committed_here[_position_key(conn, query_id)] = (batch_id, position)
+    _committed_here[_position_key(conn, query_id)] = (batch_id, position, run_id)
 
     def record_position() -> None:
         _store_position(conn, _log_group(query_id), position)
@@ -246,6 +253,13 @@ def _lookup_start(conn: Connection, query_id: str, batch_id: int) -> int:
     if known is not None and known[0] < batch_id:
         return known[1]
     return _stored_position(conn, _log_group(query_id))
+
+
+def _later_in_run(conn: Connection, query_id: str, batch_id: int, run_id: str) -> bool:
+    """Did this process commit an earlier batch of the query in the run ``run_id``? Then no attempt
+    of ``batch_id`` planned it before (see the module docstring)."""
+    known = _committed_here.get(_position_key(conn, query_id))
+    return bool(run_id) and known is not None and known[0] < batch_id and known[2] == run_id
 
 
 def _on_group(group: str) -> str:

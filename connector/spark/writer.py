@@ -64,19 +64,21 @@ log = logging.getLogger(__name__)
 
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
+RUN_ID_PROPERTY = "spark.jobGroup.id"  # a streaming query sets its job group to its run id
 
 
 @dataclass(frozen=True)
 class SinkCommitMessage(WriterCommitMessage):
     """What a task reports: its transaction, as ``(broker group, transaction id)`` per group it
-    staged rows on (one ``("", id)`` on a single broker; none without exactlyOnce or rows), and
-    its row count."""
+    staged rows on (one ``("", id)`` on a single broker; none without exactlyOnce or rows), its
+    row count, and the run of the streaming query it belongs to (empty when unknown)."""
 
     query_id: str
     batch_id: int
     partition_id: int
     parts: tuple[tuple[str, str], ...]
     rows: int
+    run_id: str = ""
 
 
 class _OrderlyMQWriterMixin:
@@ -102,6 +104,7 @@ class _OrderlyMQWriterMixin:
         batch_id = int((ctx.getLocalProperty(BATCH_ID_PROPERTY) if ctx else None) or 0)
         partition = ctx.partitionId() if ctx else 0
         task_attempt, attempt = (ctx.taskAttemptId(), ctx.attemptNumber()) if ctx else (0, 0)
+        run_id = (ctx.getLocalProperty(RUN_ID_PROPERTY) if ctx else None) or ""
         txn_id = task_txn_id(query_id, batch_id, partition, task_attempt, attempt)
         conn = self.options.connect()
         if self.options.exactly_once:
@@ -123,7 +126,7 @@ class _OrderlyMQWriterMixin:
             sender.flush_all()
             sender.drop_abandoned()
             sender.hold_for_commit()
-            return SinkCommitMessage(query_id, batch_id, partition, sender.parts(), sender.rows)
+            return SinkCommitMessage(query_id, batch_id, partition, sender.parts(), sender.rows, run_id)
         except BaseException as exc:
             sender.drop_all()
             if isinstance(exc, BrokerUnavailableError):
@@ -153,7 +156,9 @@ class _OrderlyMQWriterMixin:
                 then()
             return
         conn = self.options.connect()
-        rows = commit_batch(conn, done[0].query_id, batch_id, txns, replayable=self.streaming, then=then)
+        runs = {m.run_id for m in done}
+        rows = commit_batch(conn, done[0].query_id, batch_id, txns, replayable=self.streaming, then=then,
+                            run_id=runs.pop() if len(runs) == 1 else "")
         log.info("committed batch %d: %d row(s) from %d task(s)", batch_id, rows, len({p for p, _, _ in txns}))
 
     def _abort(self, messages: list[SinkCommitMessage | None], batch_id: int) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -57,8 +58,20 @@ def test_stream_copy_keeps_per_key_order_and_completeness(ospark, broker, conn, 
     create_topic(conn, target, 2)
     events = keyed_events(7, 9)
     produce(conn, source, 3, events)
-    copy_stream(ospark, broker, source, target, tmp_path / "ck")
+    query = copy_stream(ospark, broker, source, target, tmp_path / "ck")
     check_routed_in_order(conn, target, 2, events)
+    # Only the run's first commit looks for plans of earlier attempts: each later one would read one.
+    batches = sum(1 for progress in query.recentProgress if progress["numInputRows"])
+    assert batches >= 3
+    assert _plans_read(broker) < batches - 1
+
+
+def _plans_read(broker) -> float:
+    """Messages of the sink's commit log the (in-process) broker has answered pulls with."""
+    from connector.spark.transactions import SINK_LOG_TOPIC
+
+    return broker.service.metrics.registry.get_sample_value(
+        "orderlymq_messages_out_total", {"topic": SINK_LOG_TOPIC, "queue": "0"}) or 0
 
 
 def test_replayed_batch_is_committed_once(ospark, broker, conn, topic_name, tmp_path):
@@ -231,9 +244,9 @@ def _batch(events, pad: int = 0):
     return pa.record_batch([pa.array([k for k, _ in events]), pa.array(bodies, pa.binary())], ["key", "body"])
 
 
-def _attempt(writer, partition, events):
-    m = writer.write(iter([_batch(events)]))
-    return type(m)(m.query_id, m.batch_id, partition, m.parts, m.rows)
+def _attempt(writer, partition, events, run_id=""):
+    """A task's commit message for ``partition`` (``run_id``: the query's run, as Spark's tasks know it)."""
+    return dataclasses.replace(writer.write(iter([_batch(events)])), partition_id=partition, run_id=run_id)
 
 
 def test_commit_cut_short_is_finished_by_the_replay(broker, conn, topic_name):
@@ -375,6 +388,43 @@ def test_replay_is_found_after_this_process_committed_the_batch_before(broker, c
                               [(m.partition_id, group, txn) for m in elsewhere for group, txn in m.parts])
     conn.call("CommitTxn", pb.CommitTxnRequest(txn_id=elsewhere[0].parts[0][1]))
     writer.commit([_attempt(writer, 0, part0), _attempt(writer, 1, part1)], 5)
+    check_routed_in_order(conn, topic_name, 2, first + part0 + part1)
+
+
+def test_a_later_batch_of_the_same_run_is_committed_without_a_lookup(broker, conn, topic_name):
+    """After this process committed batch 4 of a run, batch 5 of that run cannot have been planned
+    before: its commit reads no plans. Batch 6 of another run (a restart) looks them up again."""
+    from connector.spark.transactions import SINK_LOG_TOPIC
+    from tests.support import served_calls
+
+    create_topic(conn, topic_name, 2)
+    create_topic(conn, SINK_LOG_TOPIC, 1)  # as an earlier query left it: a lookup reads it
+    writer = _writer(broker, topic_name)
+    batches = [keyed_events(2, 2, start=10 * b) for b in range(3)]
+    for batch_id, run_id, events in ((4, "run-1", batches[0]), (5, "run-1", batches[1]), (6, "run-2", batches[2])):
+        messages = [_attempt(writer, 0, events, run_id)]
+        pulls = served_calls(broker, "Pull")
+        writer.commit(messages, batch_id)
+        looked_up = served_calls(broker, "Pull") > pulls
+        assert looked_up == (batch_id != 5), batch_id
+    check_routed_in_order(conn, topic_name, 2, [event for events in batches for event in events])
+
+
+def test_a_replay_in_a_new_run_is_found_after_this_process_committed_the_batch_before(broker, conn, topic_name):
+    """Batch 4 is committed here in one run; that run plans batch 5 elsewhere, commits partition 0
+    only and dies. The next run's replay of batch 5 here finds that plan and completes it."""
+    from connector.spark import transactions
+
+    create_topic(conn, topic_name, 2)
+    writer = _writer(broker, topic_name)
+    first = keyed_events(2, 2)
+    writer.commit([_attempt(writer, 0, first, "run-1")], 4)
+    part0, part1 = keyed_events(3, 2, start=10), keyed_events(3, 2, start=12)
+    elsewhere = [_attempt(writer, 0, part0, "run-1"), _attempt(writer, 1, part1, "run-1")]
+    transactions._record_plan(conn, elsewhere[0].query_id, 5,
+                              [(m.partition_id, group, txn) for m in elsewhere for group, txn in m.parts])
+    conn.call("CommitTxn", pb.CommitTxnRequest(txn_id=elsewhere[0].parts[0][1]))
+    writer.commit([_attempt(writer, 0, part0, "run-2"), _attempt(writer, 1, part1, "run-2")], 5)
     check_routed_in_order(conn, topic_name, 2, first + part0 + part1)
 
 
