@@ -385,6 +385,57 @@ def long_poll_latency(workdir: Path, samples: int) -> tuple[float, float]:
     return percentile(latencies, 50), percentile(latencies, 99)
 
 
+def trickle_delivery(workdir: Path, samples: int, interval_s: float, orderly: bool, queues: int = 8
+                     ) -> tuple[float, float]:
+    """Send -> listener latency of a consumer caught up on its queues, a message every
+    ``interval_s`` (16 keys, one synchronous send each): (p50 ms, p99 ms). Checks that every
+    message was consumed, each key's in order for an ``OrderlyConsumer``."""
+    from connector.client import (
+        ConcurrentConsumer,
+        ConsumeConcurrentlyStatus,
+        ConsumeOrderlyStatus,
+        OrderlyConsumer,
+        Producer,
+    )
+
+    what = "orderly trickle" if orderly else "concurrent trickle"
+    with BrokerProcess(workdir / what.replace(" ", "-"), "--log-level", "WARNING") as broker:
+        conn = BrokerConnection(broker.address)
+        conn.call("CreateTopic", pb.CreateTopicRequest(topic="trickle", queue_count=queues))
+        conn.close()
+        sent_at: dict[int, float] = {}
+        latencies: list[float] = []
+        seen: dict[str, list[int]] = {}
+        done = threading.Event()
+        consumed = ConsumeOrderlyStatus.SUCCESS if orderly else ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+
+        def listener(batch, context):
+            now = time.perf_counter()
+            for message in batch:
+                seq = int(message.body)
+                latencies.append((now - sent_at[seq]) * 1000)
+                seen.setdefault(message.key, []).append(seq)
+            if len(latencies) >= samples:
+                done.set()
+            return consumed
+
+        consumer = (OrderlyConsumer if orderly else ConcurrentConsumer)(broker.address, "bench", listener)
+        consumer.subscribe("trickle")
+        consumer.start()
+        try:
+            time.sleep(2)  # the consumer took its queues and caught up
+            with Producer(broker.address) as producer:
+                for seq in range(samples):
+                    sent_at[seq] = time.perf_counter()
+                    producer.send("trickle", b"%d" % seq, key=f"key-{seq % 16}")
+                    time.sleep(interval_s)
+            done.wait(60)
+        finally:
+            consumer.shutdown()
+    _check_numbered(seen, samples, what, ordered=orderly)
+    return percentile(latencies, 50), percentile(latencies, 99)
+
+
 def pipelined_sends(workdir: Path, messages: int, queues: int = 8, callbacks: bool = False) -> float:
     """Per-message ``send_async`` with acks (pipelined, coalesced, idempotent), then check that
     every queue holds each key's messages complete and in order. Returns acked msgs/s. The acks
@@ -658,6 +709,12 @@ def run(workdir: Path, quick: bool) -> list[Row]:
     p50, p99 = long_poll_latency(workdir, 100 if quick else 500)
     rows.append(Row("long-poll delivery latency p50", p50, "ms", message_bytes=BODY_BYTES, queues=1))
     rows.append(Row("long-poll delivery latency p99", p99, "ms", message_bytes=BODY_BYTES, queues=1))
+    for orderly in (True, False):
+        p50, p99 = trickle_delivery(workdir, 20 if quick else 100, 0.3, orderly)
+        kind = "OrderlyConsumer" if orderly else "ConcurrentConsumer"
+        for name, ms in (("p50", p50), ("p99", p99)):
+            rows.append(Row(f"{kind} delivery latency {name}, a message every 300 ms", ms, "ms",
+                            message_bytes=3, queues=8))
     rows += many_clients(workdir, quick)
     rows += scaling(workdir, quick)
     return rows

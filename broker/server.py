@@ -43,7 +43,8 @@ from broker.security.guard import AccessGuard
 from broker.security.http import ReloadingSslContext
 from broker.security.throttle import peer_host
 from broker.send_port import SendPort, serve_send_port, serves_send_port
-from broker.service import BrokerService
+from broker.service import BrokerService, ready_queues
+from broker.storage.queue_log import QueueLog
 from broker.thread_hops import ThreadHops
 from broker.wire.errors import (
     ERROR_KIND_KEY,
@@ -154,17 +155,30 @@ class _Transport:
     def unary(self, name: str, request_type) -> Callable[[bytes, Any], Awaitable[Any]]:
         """The handler of a unary RPC: parse, run on the loop or a thread, map failures."""
         body = getattr(self.service, name)
-        run: Callable[[Any, int], Awaitable[Any]]  # (request, its size on the wire)
+        run: Callable[[Any, int, Any], Awaitable[Any]]  # (request, its size on the wire, context)
         if name == "Send":
-            run = self.send
+            async def run(request, size, _context):
+                return await self.send(request, size)
         elif name in (_ON_LOOP_CLUSTERED if self.service.config.clustered else _ON_LOOP):
-            async def run(request, _size):
+            async def run(request, _size, _context):
                 return body(request)
         else:
-            async def run(request, _size):
+            async def run(request, _size, _context):
                 return await self.on_thread(body, request)
+        return self._handler(name, request_type, run, parse_send_request if name == "Send" else None)
 
-        parse = parse_send_request if name == "Send" else request_type.FromString
+    def waiting(self, name: str, request_type, answer: Callable[[Any, float | None], Awaitable[Any]]):
+        """The handler of a unary RPC that may wait (a long poll): ``answer(request, seconds left
+        of the caller's deadline)`` does its own hops to threads and waits on the loop."""
+        async def run(request, _size, context):
+            return await answer(request, context.time_remaining())
+        return self._handler(name, request_type, run)
+
+    def _handler(self, name: str, request_type, run: Callable[[Any, int, Any], Awaitable[Any]], parse=None
+                 ) -> Callable[[bytes, Any], Awaitable[Any]]:
+        """Authenticate, parse (``request_type``'s, unless ``parse``), authorize, ``run`` and map
+        every failure to a status."""
+        parse = parse or request_type.FromString
 
         async def handler(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
             started = time.perf_counter()
@@ -176,7 +190,7 @@ class _Transport:
             try:
                 if user is not None:
                     self.guard.authorize(user, name, request)
-                answer = await run(request, len(raw))
+                answer = await run(request, len(raw), context)
                 if user is not None and name == "ListTopics":
                     answer = self.visible_topics(user, answer)
                 self.metrics.rpc_done(name, started)
@@ -187,23 +201,18 @@ class _Transport:
 
         return handler
 
-    async def pull(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        """Checks and reads on a thread; the long-poll wait on the loop, never past the deadline."""
-        started = time.perf_counter()
-        user = await self.admit(context, "Pull", started) if self.guard is not None else None
-        try:
-            request = pb.PullRequest.FromString(raw)
-        except DecodeError:
-            await _abort_malformed(context, raw, pb.PullRequest)
-        try:
-            if user is not None:
-                self.guard.authorize(user, "Pull", request)
-            answer = await self._pull(request, context.time_remaining(), joined=True)
-            self.metrics.rpc_done("Pull", started)
-            return answer
-        except Exception as exc:  # noqa: BLE001 - every failure must become a status
-            failure = exc
-        await _abort(context, "Pull", failure, self.metrics, started)
+    async def await_messages(self, request: pb.AwaitMessagesRequest, remaining: float | None
+                             ) -> pb.AwaitMessagesResponse:
+        """The queues ready now, else the first to become ready within the wait (on the loop)."""
+        awaited = await self.on_thread(self.service.awaited_queues, request)
+        ready = ready_queues(awaited)
+        wait_s = self.service.await_wait_s(request)
+        if remaining is not None:
+            wait_s = min(wait_s, max(remaining - _DEADLINE_MARGIN_S, 0.0))
+        if not ready and wait_s > 0:
+            await _first_arrival(awaited, wait_s)
+            ready = ready_queues(awaited)
+        return pb.AwaitMessagesResponse(ready=ready)
 
     async def port_pull(self, raw: bytes) -> list[bytes | pa.Buffer]:
         """The parts of the answer to a pull on the lean port: the ``PullResponse``, or one whose
@@ -319,7 +328,12 @@ class _Transport:
         for method in pb.DESCRIPTOR.services_by_name["OrderlyMQ"].methods:
             serialize = getattr(pb, method.output_type.name).SerializeToString
             if method.name == "Pull":  # serializes its own response (megabytes of batches, copied once)
-                handlers[method.name] = grpc.unary_unary_rpc_method_handler(self.pull)
+                handlers[method.name] = grpc.unary_unary_rpc_method_handler(self.waiting(
+                    "Pull", pb.PullRequest, lambda request, remaining: self._pull(request, remaining, joined=True)))
+            elif method.name == "AwaitMessages":
+                handlers[method.name] = grpc.unary_unary_rpc_method_handler(
+                    self.waiting("AwaitMessages", pb.AwaitMessagesRequest, self.await_messages),
+                    response_serializer=serialize)
             elif method.client_streaming:  # requests parsed one by one: a malformed one gets an answer
                 handlers[method.name] = grpc.stream_stream_rpc_method_handler(
                     self.send_stream, response_serializer=serialize)
@@ -327,6 +341,16 @@ class _Transport:
                 handlers[method.name] = grpc.unary_unary_rpc_method_handler(
                     self.unary(method.name, getattr(pb, method.input_type.name)), response_serializer=serialize)
         return grpc.method_handlers_generic_handler("orderlymq.v1.OrderlyMQ", handlers)
+
+
+async def _first_arrival(awaited: list[tuple[pb.QueuePosition, QueueLog]], wait_s: float) -> None:
+    """Return once a message is stored past one of the positions (or its queue closes), or after ``wait_s``."""
+    waits = [asyncio.ensure_future(queue.wait_for_data_async(position.offset, wait_s)) for position, queue in awaited]
+    try:
+        await asyncio.wait(waits, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
 
 
 def _new_event_loop() -> asyncio.AbstractEventLoop:

@@ -39,7 +39,7 @@ from broker.wire.errors import InvalidRequestError, OffsetOutOfRangeError, Order
 from broker.wire.pull_response import encode_pull_response
 from broker.wire.tags import parse_tag_expression
 
-__all__ = ["BrokerService"]
+__all__ = ["MAX_AWAITED_QUEUES", "BrokerService", "ready_queues"]
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 # cost more than the append. Above it, its queues are appended side by side (the copy into the page
 # cache is most of a big commit, and an exactly-once Spark batch waits for it with idle cores).
 _PARALLEL_COMMIT_BYTES = 1 << 20
+MAX_AWAITED_QUEUES = 10_000  # one AwaitMessages call: a waiter on the loop per queue
 
 
 def _require(value: str, what: str) -> str:
@@ -300,6 +301,21 @@ class BrokerService:
         return encode_pull_response(batches, next_offset=result.next_offset, count=table.num_rows, boot_id=self.boot_id,
                                     min_offset=queue.min_offset, max_offset=queue.visible_offset)
 
+    def awaited_queues(self, request) -> list[tuple[pb.QueuePosition, QueueLog]]:
+        """Everything ``AwaitMessages`` checks before it may wait: each position's queue (held by
+        this broker group), a wait that is not negative, not too many queues for one call."""
+        if not request.positions:
+            raise InvalidRequestError("AwaitMessages names no queue: give the position of at least one")
+        if len(request.positions) > MAX_AWAITED_QUEUES:
+            raise InvalidRequestError(f"AwaitMessages names {len(request.positions)} queues, more than the "
+                                      f"{MAX_AWAITED_QUEUES} one call may await: split them over several calls")
+        if request.wait_ms < 0:
+            raise InvalidRequestError("wait_ms must not be negative")
+        return [(position, self._queue(position.topic, position.queue_id)) for position in request.positions]
+
+    def await_wait_s(self, request) -> float:
+        return min(request.wait_ms, self.config.max_wait_ms) / 1000
+
     def QueryOffsets(self, request):
         queue = self._queue(request.topic, request.queue_id)
         end = queue.visible_offset
@@ -532,3 +548,11 @@ def _ignore(change) -> None:
 def _with_tags(table: pa.Table, tags: frozenset[str]) -> pa.Table:
     # A message without a tag is not in the set: is_in answers false for it, not null.
     return table.filter(pc.is_in(table.column("tag"), value_set=codec.string_array(sorted(tags))))
+
+
+def ready_queues(awaited: list[tuple[pb.QueuePosition, QueueLog]]) -> list[pb.QueuePosition]:
+    """The awaited queues a pull answers at once: those whose end is not at the position any more
+    (messages stored past it, or a position the queue no longer holds), each with its end."""
+    ends = [(position, queue.visible_offset) for position, queue in awaited]
+    return [pb.QueuePosition(topic=position.topic, queue_id=position.queue_id, offset=end)
+            for position, end in ends if end != position.offset]

@@ -260,6 +260,20 @@ class PullRequest(_message.Message):
     epoch: int
     def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., offset: _Optional[int] = ..., max_messages: _Optional[int] = ..., max_bytes: _Optional[int] = ..., wait_ms: _Optional[int] = ..., tag_expression: _Optional[str] = ..., group: _Optional[str] = ..., client_id: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
 
+class AwaitMessagesRequest(_message.Message):
+    __slots__ = ("positions", "wait_ms")
+    POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    positions: _containers.RepeatedCompositeFieldContainer[QueuePosition]
+    wait_ms: int
+    def __init__(self, positions: _Optional[_Iterable[_Union[QueuePosition, _Mapping]]] = ..., wait_ms: _Optional[int] = ...) -> None: ...
+
+class AwaitMessagesResponse(_message.Message):
+    __slots__ = ("ready",)
+    READY_FIELD_NUMBER: _ClassVar[int]
+    ready: _containers.RepeatedCompositeFieldContainer[QueuePosition]
+    def __init__(self, ready: _Optional[_Iterable[_Union[QueuePosition, _Mapping]]] = ...) -> None: ...
+
 class PullResponse(_message.Message):
     __slots__ = ("batches", "next_offset", "min_offset", "max_offset", "count", "error_code", "error_kind", "error_message", "error_next_offset", "boot_id")
     BATCHES_FIELD_NUMBER: _ClassVar[int]

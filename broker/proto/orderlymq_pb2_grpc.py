@@ -84,6 +84,11 @@ class OrderlyMQStub:
                 request_serializer=broker_dot_proto_dot_orderlymq__pb2.QueryOffsetsRequest.SerializeToString,
                 response_deserializer=broker_dot_proto_dot_orderlymq__pb2.QueryOffsetsResponse.FromString,
                 _registered_method=True)
+        self.AwaitMessages = channel.unary_unary(
+                '/orderlymq.v1.OrderlyMQ/AwaitMessages',
+                request_serializer=broker_dot_proto_dot_orderlymq__pb2.AwaitMessagesRequest.SerializeToString,
+                response_deserializer=broker_dot_proto_dot_orderlymq__pb2.AwaitMessagesResponse.FromString,
+                _registered_method=True)
         self.CommitOffset = channel.unary_unary(
                 '/orderlymq.v1.OrderlyMQ/CommitOffset',
                 request_serializer=broker_dot_proto_dot_orderlymq__pb2.CommitOffsetRequest.SerializeToString,
@@ -221,6 +226,14 @@ class OrderlyMQServicer:
 
     def QueryOffsets(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AwaitMessages(self, request, context):
+        """Wait until one of several queues holds a message at or past a position: what a consumer that
+        caught up on all its queues waits on, rather than pulling each of them again after a pause.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -367,6 +380,11 @@ def add_OrderlyMQServicer_to_server(servicer, server):
                     servicer.QueryOffsets,
                     request_deserializer=broker_dot_proto_dot_orderlymq__pb2.QueryOffsetsRequest.FromString,
                     response_serializer=broker_dot_proto_dot_orderlymq__pb2.QueryOffsetsResponse.SerializeToString,
+            ),
+            'AwaitMessages': grpc.unary_unary_rpc_method_handler(
+                    servicer.AwaitMessages,
+                    request_deserializer=broker_dot_proto_dot_orderlymq__pb2.AwaitMessagesRequest.FromString,
+                    response_serializer=broker_dot_proto_dot_orderlymq__pb2.AwaitMessagesResponse.SerializeToString,
             ),
             'CommitOffset': grpc.unary_unary_rpc_method_handler(
                     servicer.CommitOffset,
@@ -709,6 +727,33 @@ class OrderlyMQ:
             '/orderlymq.v1.OrderlyMQ/QueryOffsets',
             broker_dot_proto_dot_orderlymq__pb2.QueryOffsetsRequest.SerializeToString,
             broker_dot_proto_dot_orderlymq__pb2.QueryOffsetsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AwaitMessages(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/orderlymq.v1.OrderlyMQ/AwaitMessages',
+            broker_dot_proto_dot_orderlymq__pb2.AwaitMessagesRequest.SerializeToString,
+            broker_dot_proto_dot_orderlymq__pb2.AwaitMessagesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -65,6 +65,7 @@ RPC_RIGHTS: dict[str, Callable[[Any], tuple[Right, ...]]] = {
     "AbortTxn": lambda r: (ANY_PUBLISH,),
     "Pull": _pull,
     "QueryOffsets": _topic("subscribe"),
+    "AwaitMessages": lambda r: tuple(("subscribe", f"topic:{topic}") for topic in sorted({p.topic for p in r.positions})),
     "CommitOffset": _topic_and_group,
     "GetOffset": _topic_and_group,
     "LockBatch": _topic_and_group,

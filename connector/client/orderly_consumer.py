@@ -92,6 +92,10 @@ class OrderlyConsumer(PushConsumer):
         Messages per pull (128), messages per listener call (1), listener threads, buffered messages
         per queue (1000). RocketMQ pulls 32 at a time; here a pull costs the broker about a
         millisecond whatever its size, and 32 at a time cut a backlog's consumption by more than half.
+    idle_pull_ms : int
+        Caught up on every queue it holds, the consumer waits on the brokers for the next message
+        (``AwaitMessages``) and pulls as soon as one arrives; where they cannot wait (a broker of a
+        version without it), it pauses between pulls instead, from 10 ms doubling up to this (200).
     timeout, retry_timeout : float
         Seconds per RPC attempt, and how long an unreachable broker is retried.
     on_data_loss : callable, optional

@@ -24,6 +24,7 @@ from broker.wire.errors import (
     OrderlyMQError,
     QueueOutOfRangeError,
 )
+from connector.client.arrivals import ArrivalWait, by_broker
 from connector.client.connection import BrokerConnection, Credentials, TlsOptions, pb
 from connector.client.locking import lock_queues
 from connector.client.messages import Message, MessageQueue, PullResult, same_stored
@@ -33,6 +34,7 @@ from connector.client.routed import RoutedConnection
 __all__ = ["EARLIEST", "LATEST", "PullConsumer", "default_client_id", "message_at", "still_stored"]
 
 log = logging.getLogger(__name__)
+_POLL_PAUSE_S = 0.05  # between rounds of pulls, where the brokers cannot wait for messages themselves
 
 EARLIEST = "earliest"
 LATEST = "latest"
@@ -101,6 +103,7 @@ class PullConsumer:
         self._epochs: dict[MessageQueue, int] = {}
         self._next_queue = 0
         self._links = PullLinkPool()
+        self._arrivals = ArrivalWait()
 
     # -- single pulls --------------------------------------------------------------------------
 
@@ -250,7 +253,8 @@ class PullConsumer:
         """The next messages of one assigned queue that has some (queues taken in turn).
 
         Advances that queue's position; commit it with ``commit``. With ``wait_ms``, waits up to
-        that long in total when no queue has anything.
+        that long in total when no queue has anything: on the brokers, which answer as soon as a
+        message arrives in one of the queues (``AwaitMessages``).
 
         A queue answered by another start of the broker than its last poll is checked first: if its
         log lost its tail (a power cut with flush = "async") and other messages were stored at those
@@ -262,6 +266,7 @@ class PullConsumer:
         if not queues:
             raise InvalidOptionError("no queue assigned; call assign(topic) first")
         deadline = time.monotonic() + wait_ms / 1000
+        in_vain = False  # a queue was ready, and the pass after found nothing: pause before waiting again
         while True:
             for _ in range(len(queues)):
                 with self._lock:
@@ -270,9 +275,21 @@ class PullConsumer:
                 messages = self._poll_queue(mq, max_messages, tag_expression)
                 if messages:
                     return messages
-            if time.monotonic() >= deadline:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
                 return []
-            time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+            ready = None if in_vain else self._await_messages(queues, remaining)
+            in_vain = bool(ready)
+            if ready is None:
+                time.sleep(min(_POLL_PAUSE_S, max(0.0, deadline - time.monotonic())))
+
+    def _await_messages(self, queues: list[MessageQueue], timeout_s: float) -> bool | None:
+        """Wait on the brokers until one of ``queues`` holds a message past its position (True), at
+        most ``timeout_s`` (False); None when they cannot wait (``ArrivalWait``)."""
+        with self._lock:
+            positions = [(mq.topic, mq.queue_id, self._positions[mq]) for mq in queues if mq in self._positions]
+        grouped = by_broker(self.connection, positions, lambda position: position[:2])
+        return self._arrivals.wait(grouped, timeout_s) if grouped else None
 
     def _poll_queue(self, mq: MessageQueue, max_messages: int, tag_expression: str | None) -> list[Message]:
         """The next messages of ``mq`` from its position, which moves past them; pulled once more
@@ -381,6 +398,7 @@ class PullConsumer:
 
     def close(self) -> None:
         """Release the locks this consumer holds (best effort: leases expire anyway) and disconnect."""
+        self._arrivals.close()
         for mq in list(self._epochs):
             try:
                 request = pb.UnlockBatchRequest(

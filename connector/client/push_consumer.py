@@ -39,6 +39,7 @@ from broker.wire.errors import (
     TopicNotFoundError,
 )
 from broker.wire.tags import parse_tag_expression
+from connector.client.arrivals import ArrivalWait, by_broker
 from connector.client.connection import BrokerConnection, Credentials, TlsOptions, pb
 from connector.client.consume_pool import ConsumePool
 from connector.client.messages import (
@@ -65,6 +66,7 @@ log = logging.getLogger(__name__)
 CLUSTERING = "clustering"
 BROADCASTING = "broadcasting"
 _GROUP_NAME = re.compile(r"^[A-Za-z0-9_.|-]{1,100}$")
+_AWAIT_S = 10.0  # one wait on the brokers for the next message; a new assignment ends it at once
 
 
 def dlq_topic(group: str) -> str:
@@ -145,6 +147,7 @@ class PushConsumer(abc.ABC):
         self.pull_threshold_per_queue = pull_threshold_per_queue
         self.max_reconsume_times = max_reconsume_times
         self.idle_pull = idle_pull_ms / 1000
+        self._arrivals = ArrivalWait()
         if on_data_loss is not None and not callable(on_data_loss):
             raise InvalidOptionError(f"on_data_loss must be a callable(error) or None, got {on_data_loss!r}")
         self.on_data_loss = on_data_loss
@@ -236,6 +239,7 @@ class PushConsumer(abc.ABC):
         if not self._started or self._stop.is_set():
             return
         self._stop.set()
+        self._arrivals.close()
         for thread in self._threads:
             thread.join(timeout=30)
         with self._table_lock:
@@ -363,6 +367,7 @@ class PushConsumer(abc.ABC):
             if pq is not None:
                 with self._table_lock:
                     self.table[mq] = pq
+                self._arrivals.interrupt()  # the pull loop may be waiting on the queues held before
                 log.info("consumer %s took %s from offset %d", self.client_id, mq, pq.next_offset)
 
     def _forget(self, pq: ProcessQueue) -> None:
@@ -516,46 +521,48 @@ class PushConsumer(abc.ABC):
         )
 
     def _pull_loop(self) -> None:
-        idle = 0.01
+        idle, in_vain = 0.01, False
         links = PullLinkPool()
         try:
             while not self._stop.is_set():
                 with self._table_lock:
-                    pqs = [pq for pq in self.table.values() if self._pullable(pq)]
+                    held = list(self.table.values())
+                pqs = [pq for pq in held if self._pullable(pq)]
                 got = False
-                for broker, its_pqs in self._by_broker(pqs):
+                by_broker = self._by_broker(pqs)
+                for broker, its_pqs in by_broker:
                     link = links.lease(broker) if broker is not None else None
                     if link is not None:
                         got = self._pull_on_link(links, broker, link, its_pqs) or got
                     else:
                         got = self._pull_each(its_pqs) or got
                 if got:
-                    idle = 0.01
-                else:
+                    idle, in_vain = 0.01, False
+                    continue
+                # Caught up on every queue held, wait on the brokers; with a queue held back (too many
+                # messages buffered, dropped, lost), or a queue ready whose pass found nothing anyway,
+                # pause (a pass that moved nothing must not be repeated at once).
+                ready = None if in_vain or len(pqs) < len(held) else self._await_messages(by_broker)
+                in_vain = bool(ready)
+                if ready is None:
                     self._stop.wait(idle)
                     idle = min(idle * 2, self.idle_pull)
         finally:
             links.close()
 
+    def _await_messages(self, by_broker: list[tuple[BrokerConnection | None, list[ProcessQueue]]]) -> bool | None:
+        """Caught up on every queue held: wait on the brokers for the next message (``ArrivalWait``);
+        None when they cannot wait, and the loop pauses instead."""
+        if not by_broker or self._stop.is_set():
+            return None
+        positions = [(broker, [(pq.mq.topic, pq.mq.queue_id, pq.next_offset) for pq in its_pqs])
+                     for broker, its_pqs in by_broker]
+        return self._arrivals.wait(positions, _AWAIT_S)
+
     def _by_broker(self, pqs: list[ProcessQueue]) -> list[tuple[BrokerConnection | None, list[ProcessQueue]]]:
-        """``pqs`` grouped by the broker that answers their pulls: the one broker, or in a cluster
-        the master of each queue's group (None for queues whose route cannot be read now: pulled
-        over gRPC, whose call says why)."""
-        if not pqs:
-            return []
-        try:
-            if not self.connection.clustered():
-                return [(self.connection.bootstrap, pqs)]
-        except OrderlyMQError:
-            return [(None, pqs)]
-        grouped: dict[int, tuple[BrokerConnection | None, list[ProcessQueue]]] = {}
-        for pq in pqs:
-            try:
-                broker = self.connection.for_queue(pq.mq.topic, pq.mq.queue_id)
-            except OrderlyMQError:
-                broker = None
-            grouped.setdefault(id(broker), (broker, []))[1].append(pq)
-        return list(grouped.values())
+        """``pqs`` grouped by the broker that answers their pulls (None: a route that cannot be
+        read now, pulled over gRPC, whose call says why)."""
+        return by_broker(self.connection, pqs, lambda pq: (pq.mq.topic, pq.mq.queue_id))
 
     def _pull_on_link(self, links: PullLinkPool, broker: BrokerConnection, link: PullLink,
                       pqs: list[ProcessQueue]) -> bool:

@@ -24,6 +24,7 @@ def test_quick_benchmarks_write_valid_json(tmp_path):
     for expected in ("broker ingest, batched (async flush)", "pipelined acked sends, order verified",
                      "pipelined acked sends, a callback per send, order verified",
                      "ConcurrentConsumer of a backlog, one message per listener call, each once",
+                     "OrderlyConsumer delivery latency p50, a message every 300 ms",
                      "spark source: orderlymq -> noop (AvailableNow)",
                      "spark sink: benchmem -> orderlymq (exactly once)",
                      "spark sink task: CPU per row written (exactly once)",
