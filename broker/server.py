@@ -205,7 +205,8 @@ class _Transport:
                              ) -> pb.AwaitMessagesResponse:
         """The queues ready now, else the first to become ready within the wait (on the loop)."""
         awaited = await self.on_thread(self.service.awaited_queues, request)
-        ready = ready_queues(awaited)
+        restarted = request.boot_id not in (0, self.service.boot_id)
+        ready = ready_queues(awaited, every=restarted)
         wait_s = self.service.await_wait_s(request)
         if remaining is not None:
             wait_s = min(wait_s, max(remaining - _DEADLINE_MARGIN_S, 0.0))

@@ -550,9 +550,10 @@ def _with_tags(table: pa.Table, tags: frozenset[str]) -> pa.Table:
     return table.filter(pc.is_in(table.column("tag"), value_set=codec.string_array(sorted(tags))))
 
 
-def ready_queues(awaited: list[tuple[pb.QueuePosition, QueueLog]]) -> list[pb.QueuePosition]:
-    """The awaited queues a pull answers at once: those whose end is not at the position any more
-    (messages stored past it, or a position the queue no longer holds), each with its end."""
+def ready_queues(awaited: list[tuple[pb.QueuePosition, QueueLog]], every: bool = False) -> list[pb.QueuePosition]:
+    """The awaited queues a pull answers at once (``every`` one, for a caller who read its positions
+    from another start of the broker): those whose end is not at the position any more (messages
+    stored past it, or a position the queue no longer holds), each with its end."""
     ends = [(position, queue.visible_offset) for position, queue in awaited]
     return [pb.QueuePosition(topic=position.topic, queue_id=position.queue_id, offset=end)
-            for position, end in ends if end != position.offset]
+            for position, end in ends if every or end != position.offset]

@@ -261,12 +261,14 @@ class PullRequest(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., offset: _Optional[int] = ..., max_messages: _Optional[int] = ..., max_bytes: _Optional[int] = ..., wait_ms: _Optional[int] = ..., tag_expression: _Optional[str] = ..., group: _Optional[str] = ..., client_id: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class AwaitMessagesRequest(_message.Message):
-    __slots__ = ("positions", "wait_ms")
+    __slots__ = ("positions", "wait_ms", "boot_id")
     POSITIONS_FIELD_NUMBER: _ClassVar[int]
     WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    BOOT_ID_FIELD_NUMBER: _ClassVar[int]
     positions: _containers.RepeatedCompositeFieldContainer[QueuePosition]
     wait_ms: int
-    def __init__(self, positions: _Optional[_Iterable[_Union[QueuePosition, _Mapping]]] = ..., wait_ms: _Optional[int] = ...) -> None: ...
+    boot_id: int
+    def __init__(self, positions: _Optional[_Iterable[_Union[QueuePosition, _Mapping]]] = ..., wait_ms: _Optional[int] = ..., boot_id: _Optional[int] = ...) -> None: ...
 
 class AwaitMessagesResponse(_message.Message):
     __slots__ = ("ready",)

@@ -21,7 +21,7 @@ from broker.wire.errors import OrderlyMQError, from_rpc_error
 from connector.client.connection import BrokerConnection, pb
 from connector.client.routed import RoutedConnection
 
-__all__ = ["ArrivalWait", "by_broker"]
+__all__ = ["ArrivalWait", "by_broker", "common_start"]
 
 log = logging.getLogger(__name__)
 
@@ -51,44 +51,52 @@ def by_broker(connection: RoutedConnection, items: Iterable[_T], ref: Callable[[
     return list(grouped.values())
 
 
+def common_start(boot_ids: Iterable[int]) -> int:
+    """The broker start that answered every one of a broker's queues last, 0 unless they agree."""
+    starts = set(boot_ids)
+    return starts.pop() if len(starts) == 1 else 0
+
+
 class ArrivalWait:
-    """Waits of one consumer, one at a time; ``interrupt`` (a new assignment) and ``close`` (a
-    shutdown) end the current one from another thread at once."""
+    """Waits of one consumer (of any of its threads); ``interrupt`` (a new assignment) and
+    ``close`` (a shutdown) end those under way from another thread at once."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._calls: list[grpc.Future] = []
+        self._calls: set[grpc.Future] = set()  # of every wait under way
         self._closed = False
-        self._interrupted = False  # between two waits: the next one ends at once
+        self._interrupted = False  # while none was under way: the next wait ends at once
 
-    def wait(self, positions: list[tuple[BrokerConnection | None, list[tuple[str, int, int]]]],
+    def wait(self, positions: list[tuple[BrokerConnection | None, int, list[tuple[str, int, int]]]],
              timeout_s: float) -> bool | None:
         """Wait until a broker names a queue ready past its ``(topic, queue id, offset)`` position,
-        at most ``timeout_s``. True: some queue is ready; False: none was within the time (or the
-        wait was interrupted); None: a broker could not wait (unreachable, a route unknown, a
-        version without ``AwaitMessages``): the caller pauses instead."""
-        if any(broker is None for broker, _ in positions):
+        at most ``timeout_s``; ``positions`` per broker, with the broker start they were read from
+        (0: unknown), another start making every queue ready. True: some queue is ready; False: none
+        was within the time (or the wait was interrupted); None: a broker could not wait
+        (unreachable, a route unknown, a version without ``AwaitMessages``): the caller pauses instead."""
+        if any(broker is None for broker, _, _ in positions):
             return None
         ended = threading.Event()
-        calls = [self._start(broker, queues, timeout_s, ended) for broker, queues in positions]
+        calls = [self._start(broker, boot_id, queues, timeout_s, ended) for broker, boot_id, queues in positions]
         with self._lock:
             if self._closed or self._interrupted:
                 self._interrupted, calls_to_end = False, calls
             else:
-                self._calls, calls_to_end = calls, []
+                self._calls.update(calls)
+                calls_to_end = []
         for call in calls_to_end:
             call.cancel()
         ended.wait()  # every call ends by its deadline
         for call in calls:
             call.cancel()
         with self._lock:
-            self._calls = []
+            self._calls.difference_update(calls)
         return _outcome(calls)
 
     def interrupt(self) -> None:
         with self._lock:
             calls = list(self._calls)
-            self._interrupted = not calls  # no wait now: the next one ends at once
+            self._interrupted = not calls
         for call in calls:
             call.cancel()
 
@@ -98,12 +106,12 @@ class ArrivalWait:
         self.interrupt()
 
     @staticmethod
-    def _start(broker: BrokerConnection, queues: list[tuple[str, int, int]], timeout_s: float,
+    def _start(broker: BrokerConnection, boot_id: int, queues: list[tuple[str, int, int]], timeout_s: float,
                ended: threading.Event) -> grpc.Future:
         request = pb.AwaitMessagesRequest(
             positions=[pb.QueuePosition(topic=topic, queue_id=queue_id, offset=offset)
                        for topic, queue_id, offset in queues],
-            wait_ms=int(timeout_s * 1000))
+            wait_ms=int(timeout_s * 1000), boot_id=boot_id)
         call = broker.stub.AwaitMessages.future(request, timeout=timeout_s + broker.timeout, metadata=broker.metadata)
         call.add_done_callback(lambda _call: ended.set())
         return call

@@ -24,7 +24,7 @@ from broker.wire.errors import (
     OrderlyMQError,
     QueueOutOfRangeError,
 )
-from connector.client.arrivals import ArrivalWait, by_broker
+from connector.client.arrivals import ArrivalWait, by_broker, common_start
 from connector.client.connection import BrokerConnection, Credentials, TlsOptions, pb
 from connector.client.locking import lock_queues
 from connector.client.messages import Message, MessageQueue, PullResult, same_stored
@@ -287,8 +287,11 @@ class PullConsumer:
         """Wait on the brokers until one of ``queues`` holds a message past its position (True), at
         most ``timeout_s`` (False); None when they cannot wait (``ArrivalWait``)."""
         with self._lock:
-            positions = [(mq.topic, mq.queue_id, self._positions[mq]) for mq in queues if mq in self._positions]
-        grouped = by_broker(self.connection, positions, lambda position: position[:2])
+            at = {mq: self._positions[mq] for mq in queues if mq in self._positions}
+            starts = {mq: self._followed[mq][0] for mq in at if mq in self._followed}  # of the last message polled
+        grouped = [(broker, common_start(starts[mq] for mq in its if mq in starts),
+                    [(mq.topic, mq.queue_id, at[mq]) for mq in its])
+                   for broker, its in by_broker(self.connection, at, lambda mq: (mq.topic, mq.queue_id))]
         return self._arrivals.wait(grouped, timeout_s) if grouped else None
 
     def _poll_queue(self, mq: MessageQueue, max_messages: int, tag_expression: str | None) -> list[Message]:

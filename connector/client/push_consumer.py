@@ -39,7 +39,7 @@ from broker.wire.errors import (
     TopicNotFoundError,
 )
 from broker.wire.tags import parse_tag_expression
-from connector.client.arrivals import ArrivalWait, by_broker
+from connector.client.arrivals import ArrivalWait, by_broker, common_start
 from connector.client.connection import BrokerConnection, Credentials, TlsOptions, pb
 from connector.client.consume_pool import ConsumePool
 from connector.client.messages import (
@@ -148,6 +148,7 @@ class PushConsumer(abc.ABC):
         self.max_reconsume_times = max_reconsume_times
         self.idle_pull = idle_pull_ms / 1000
         self._arrivals = ArrivalWait()
+        self._pass_failed = False  # a pull of the pull loop's current pass failed
         if on_data_loss is not None and not callable(on_data_loss):
             raise InvalidOptionError(f"on_data_loss must be a callable(error) or None, got {on_data_loss!r}")
         self.on_data_loss = on_data_loss
@@ -528,7 +529,7 @@ class PushConsumer(abc.ABC):
                 with self._table_lock:
                     held = list(self.table.values())
                 pqs = [pq for pq in held if self._pullable(pq)]
-                got = False
+                got, self._pass_failed = False, False
                 by_broker = self._by_broker(pqs)
                 for broker, its_pqs in by_broker:
                     link = links.lease(broker) if broker is not None else None
@@ -540,9 +541,11 @@ class PushConsumer(abc.ABC):
                     idle, in_vain = 0.01, False
                     continue
                 # Caught up on every queue held, wait on the brokers; with a queue held back (too many
-                # messages buffered, dropped, lost), or a queue ready whose pass found nothing anyway,
-                # pause (a pass that moved nothing must not be repeated at once).
-                ready = None if in_vain or len(pqs) < len(held) else self._await_messages(by_broker)
+                # messages buffered, dropped, lost), a pull that failed (its queue may have moved), or
+                # a queue ready whose pass found nothing anyway, pause (a pass that moved nothing must
+                # not be repeated at once).
+                caught_up = len(pqs) == len(held) and not self._pass_failed and not in_vain
+                ready = self._await_messages(pqs, by_broker) if caught_up else None
                 in_vain = bool(ready)
                 if ready is None:
                     self._stop.wait(idle)
@@ -550,12 +553,15 @@ class PushConsumer(abc.ABC):
         finally:
             links.close()
 
-    def _await_messages(self, by_broker: list[tuple[BrokerConnection | None, list[ProcessQueue]]]) -> bool | None:
+    def _await_messages(self, pqs: list[ProcessQueue],
+                        by_broker: list[tuple[BrokerConnection | None, list[ProcessQueue]]]) -> bool | None:
         """Caught up on every queue held: wait on the brokers for the next message (``ArrivalWait``);
-        None when they cannot wait, and the loop pauses instead."""
-        if not by_broker or self._stop.is_set():
+        None when they cannot wait, or a queue stopped being pullable during the pass (dropped,
+        lost): the loop pauses instead."""
+        if not pqs or self._stop.is_set() or not all(self._pullable(pq) for pq in pqs):
             return None
-        positions = [(broker, [(pq.mq.topic, pq.mq.queue_id, pq.next_offset) for pq in its_pqs])
+        positions = [(broker, common_start(pq.boot_id for pq in its_pqs),
+                      [(pq.mq.topic, pq.mq.queue_id, pq.next_offset) for pq in its_pqs])
                      for broker, its_pqs in by_broker]
         return self._arrivals.wait(positions, _AWAIT_S)
 
@@ -620,6 +626,7 @@ class PushConsumer(abc.ABC):
 
     def _pull_failed(self, pq: ProcessQueue, exc: OrderlyMQError) -> bool:
         """Handle a failed pull of ``pq``; False when the broker is unavailable (stop this pass)."""
+        self._pass_failed = True
         if isinstance(exc, FencedError):
             log.warning("consumer %s fenced on %s: %s", self.client_id, pq.mq, exc)
             self._fenced(pq)

@@ -35,10 +35,11 @@ def _power_cut(broker, tmp_path, topic: str) -> None:
     broker.start()
 
 
-@pytest.mark.parametrize("before_heal", [10, 1], ids=["past-its-offset", "short-of-it"])
+@pytest.mark.parametrize("before_heal", [10, 3, 1], ids=["past-its-offset", "up-to-it", "short-of-it"])
 def test_reads_what_was_stored_again_below_where_it_was(tmp_path, topic_name, before_heal):
     """b:0.. are stored at offsets 7..; the consumer, at offset 10, pulls again once ``before_heal``
-    of them are: past its offset, or short of it (the log then ends below where it was)."""
+    of them are: past its offset, up to it (the log ends where it was: only the broker's new start
+    tells), or short of it (the log then ends below where it was)."""
     broker = broker_process(tmp_path / "data", flush="sync", send_port=-1, **FAST_BROKER).start()
     proxy = TcpProxy(broker.address)
     conn = BrokerConnection(broker.address, retry_timeout=30)
