@@ -33,10 +33,11 @@ before it has completed), so nothing is skipped. When that earlier batch was of 
 the query (Spark's ``runId``, which the tasks read from their job group), there is no lookup at
 all: within a run Spark calls a batch's commit once (a failed commit ends the run), and no earlier
 run can have planned a batch after one this run committed (an earlier run plans batch N only
-once N - 1 is in the commit log, and a run that follows starts at N or later). Plans are removed by the broker's retention; the
-position of the query's last plan, stored in the group ``spark-sink/<query id>/planned`` before
-any commit, tells a replay whose plan is gone that the batch's commit began (it fails, rather than
-writing the batch again).
+once N - 1 is in the commit log, and a run that follows starts at N or later).
+
+Plans are removed by the broker's retention; the position of the query's last plan, stored in
+the group ``spark-sink/<query id>/planned`` before any commit, tells a replay whose plan is gone
+that the batch's commit began (it fails, rather than writing the batch again).
 
 In a cluster (docs/cluster.md) a task's rows go to queues of several broker groups, and each
 group's master holds its own transactions: a task's transaction has one part per group it wrote
