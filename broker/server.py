@@ -207,9 +207,7 @@ class _Transport:
         awaited = await self.on_thread(self.service.awaited_queues, request)
         restarted = request.boot_id not in (0, self.service.boot_id)
         ready = ready_queues(awaited, every=restarted)
-        wait_s = self.service.await_wait_s(request)
-        if remaining is not None:
-            wait_s = min(wait_s, max(remaining - _DEADLINE_MARGIN_S, 0.0))
+        wait_s = _within_deadline(self.service.await_wait_s(request), remaining)
         if not ready and wait_s > 0:
             await _first_arrival(awaited, wait_s)
             ready = ready_queues(awaited)
@@ -250,8 +248,7 @@ class _Transport:
         queue, wait_s, answer = await self.on_thread(check_or_read)
         if answer is not None:
             return answer
-        if remaining is not None:
-            wait_s = min(wait_s, max(remaining - _DEADLINE_MARGIN_S, 0.0))
+        wait_s = _within_deadline(wait_s, remaining)
         await queue.wait_for_data_async(request.offset, wait_s)
         return await self.on_thread(read, queue)
 
@@ -342,6 +339,12 @@ class _Transport:
                 handlers[method.name] = grpc.unary_unary_rpc_method_handler(
                     self.unary(method.name, getattr(pb, method.input_type.name)), response_serializer=serialize)
         return grpc.method_handlers_generic_handler("orderlymq.v1.OrderlyMQ", handlers)
+
+
+def _within_deadline(wait_s: float, remaining: float | None) -> float:
+    """A long poll's wait, ending ``_DEADLINE_MARGIN_S`` before the caller's deadline (``remaining``
+    seconds away; None: no deadline, the lean port's)."""
+    return wait_s if remaining is None else min(wait_s, max(remaining - _DEADLINE_MARGIN_S, 0.0))
 
 
 async def _first_arrival(awaited: list[tuple[pb.QueuePosition, QueueLog]], wait_s: float) -> None:

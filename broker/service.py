@@ -284,7 +284,7 @@ class BrokerService:
         """How long the pull may wait for data at its offset (0: answer now)."""
         if not request.wait_ms or request.offset < queue.visible_offset:
             return 0.0
-        return min(request.wait_ms, self.config.max_wait_ms) / 1000
+        return self.await_wait_s(request)
 
     def pull_read(self, request, queue: QueueLog) -> list[bytes | pa.Buffer]:
         """The parts of the serialized ``PullResponse`` (the broker encodes its own: megabytes, copied
@@ -314,6 +314,7 @@ class BrokerService:
         return [(position, self._queue(position.topic, position.queue_id)) for position in request.positions]
 
     def await_wait_s(self, request) -> float:
+        """How long a long poll (a ``Pull``, ``AwaitMessages``) may wait: its ``wait_ms``, at most ``max_wait_ms``."""
         return min(request.wait_ms, self.config.max_wait_ms) / 1000
 
     def QueryOffsets(self, request):
