@@ -84,7 +84,27 @@ class BrokerGroup:
             if master is not None:
                 return master
             time.sleep(0.05)
-        raise TimeoutError(f"no master elected within {timeout:.0f}s; see the logs next to {self.brokers[0].data_dir}")
+        raise TimeoutError(f"no master elected within {timeout:.0f}s\n{self.log_tails()}")
+
+    def sync_set(self) -> set[int]:
+        """The master's sync-state set (broker ids); empty while there is no master."""
+        master = self.master()
+        health = self.health(master) if master is not None else None
+        return set(health.sync_set) if health is not None else set()
+
+    def wait_in_sync_set(self, broker: BrokerProcess, timeout: float = 120.0) -> float:
+        """Seconds until ``broker`` is in the master's sync-state set: only then may it be elected."""
+        started, broker_id = time.monotonic(), self.brokers.index(broker)
+        if not wait_until(lambda: broker_id in self.sync_set(), timeout=timeout):
+            raise TimeoutError(f"broker {broker_id} did not join the sync-state set {self.sync_set()} within "
+                               f"{timeout:.0f}s\n{self.log_tails()}")
+        return time.monotonic() - started
+
+    def log_tails(self, lines: int = 25) -> str:
+        """The last lines of every broker's log: what a failure report needs, whose files go with
+        the test's temporary directory."""
+        return "\n".join(f"--- {broker.log_path} (last {lines} lines)\n"
+                         + "\n".join(broker.log_text().splitlines()[-lines:]) for broker in self.brokers)
 
     def wait_for_role(self, broker: BrokerProcess, role: str, timeout: float = 60.0) -> pb.HealthResponse:
         deadline = time.monotonic() + timeout
@@ -93,7 +113,7 @@ class BrokerGroup:
             if health is not None and health.role == role:
                 return health
             time.sleep(0.05)
-        raise TimeoutError(f"broker {broker.address} did not become {role} within {timeout:.0f}s")
+        raise TimeoutError(f"broker {broker.address} did not become {role} within {timeout:.0f}s\n{self.log_tails()}")
 
     def kill_all(self) -> None:
         for broker in self.brokers:

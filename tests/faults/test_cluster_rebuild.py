@@ -38,20 +38,6 @@ from tests.support import wait_until
 TOPIC, GROUP, QUEUES = "orders", "order-service", 4
 
 
-def _sync_set(group) -> set[int]:
-    master = group.master()
-    health = group.health(master) if master is not None else None
-    return set(health.sync_set) if health is not None else set()
-
-
-def _wait_in_sync_set(group, broker_id: int, timeout: float = 120.0) -> float:
-    """Seconds until ``broker_id`` is in the master's sync-state set."""
-    started = time.monotonic()
-    assert wait_until(lambda: broker_id in _sync_set(group), timeout=timeout), \
-        f"broker {broker_id} did not rejoin the sync-state set {_sync_set(group)}"
-    return time.monotonic() - started
-
-
 def _rebuilt(group, broker, since: float, timeout: float = 120.0) -> tuple[float | None, float]:
     """Seconds from ``since`` (``time.monotonic()``) until the restarted ``broker`` was seen out of
     the master's sync-state set (None if that moment was too short to see), and until its new copy
@@ -61,7 +47,7 @@ def _rebuilt(group, broker, since: float, timeout: float = 120.0) -> tuple[float
     deadline = time.monotonic() + timeout
     left = None
     while time.monotonic() < deadline:
-        inside = broker_id in _sync_set(group)
+        inside = broker_id in group.sync_set()
         if left is None and not inside:
             left = time.monotonic() - since
         if inside and epochs.exists() and json.loads(epochs.read_text()).get("caught_up"):
@@ -96,7 +82,7 @@ def test_a_wiped_slave_is_rebuilt_from_the_master_under_load(broker_group, fault
     try:
         for producer in producers:
             producer.start()
-        _wait_in_sync_set(group, 2)
+        group.wait_in_sync_set(group.brokers[2])
         time.sleep(2 * PROFILE.cycle_seconds)
         wiped.kill9()
         shutil.rmtree(wiped.data_dir)
@@ -111,7 +97,7 @@ def test_a_wiped_slave_is_rebuilt_from_the_master_under_load(broker_group, fault
     finally:
         _stop(producers)
         shutdown_all(consumers)
-    assert wait_until(lambda: _sync_set(group) == {0, 1, 2}, timeout=60)
+    assert wait_until(lambda: group.sync_set() == {0, 1, 2}, timeout=60)
     _promote_alone(group, wiped)
     with BrokerConnection(wiped.address) as conn:
         log = check(history.sends, stored_deliveries(conn, TOPIC))
@@ -135,17 +121,17 @@ def test_a_slave_behind_the_masters_retention_catches_up_on_its_own(broker_group
     try:
         for producer in producers:
             producer.start()
-        _wait_in_sync_set(group, 2)
+        group.wait_in_sync_set(group.brokers[2])
         behind.kill9()
         ends = _queue_ends(behind)
         assert wait_until(lambda: all(_offsets(group.addresses, q)[0] > end for q, end in ends.items()), timeout=120), \
             "retention did not move past the stopped slave's copy"
         behind.start()
-        caught_up_s = _wait_in_sync_set(group, 2)
+        caught_up_s = group.wait_in_sync_set(group.brokers[2])
         _stop(producers)
     finally:
         _stop(producers)
-    assert wait_until(lambda: _sync_set(group) == {0, 1, 2}, timeout=60)
+    assert wait_until(lambda: group.sync_set() == {0, 1, 2}, timeout=60)
     with BrokerConnection(group.addresses) as conn:
         kept = stored_deliveries(conn, TOPIC)  # what the master's retention left
     master_ends = {q: _offsets(group.addresses, q)[1] for q in range(QUEUES)}
@@ -192,13 +178,13 @@ def test_rolling_restart_of_every_broker_under_load(broker_group, fault_report):
     try:
         for producer in producers:
             producer.start()
-        assert wait_until(lambda: _sync_set(group) == {0, 1, 2}, timeout=60)
+        assert wait_until(lambda: group.sync_set() == {0, 1, 2}, timeout=60)
         for broker_id, broker in enumerate(group.brokers):
             time.sleep(PROFILE.cycle_seconds)
             stopped = time.time()
             broker.stop()
             broker.start()
-            back_s.append(round(_wait_in_sync_set(group, broker_id), 2))
+            back_s.append(round(group.wait_in_sync_set(group.brokers[broker_id]), 2))
             stalls.append(round(ack_stall(producers, stopped - 1, time.time()), 2))
             epochs.append(group.health(group.wait_for_master()).group_epoch)
         time.sleep(PROFILE.cycle_seconds)

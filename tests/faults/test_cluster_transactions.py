@@ -91,6 +91,9 @@ def test_a_commit_cut_short_on_the_master_is_finished_by_the_promoted_slave(tmp_
             # what the master serves: what its slave holds (sync replication)
             before = sum(conn.call("QueryOffsets", pb.QueryOffsetsRequest(topic=TOPIC, queue_id=q)).max_offset
                          for q in range(queues))
+        # Only a member of the sync-state set may be elected: under load the slave may have fallen
+        # behind for a moment (min_sync_replicas = 1 lets the master write on without it).
+        group.wait_in_sync_set(slave)
         old.kill9()
         assert group.wait_for_master(exclude=old) is slave
         with BrokerConnection(slave.address) as conn:
