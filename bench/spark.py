@@ -1,6 +1,6 @@
 """Spark benchmarks: the ``orderlymq`` source and sink against the ceilings of Spark's Python data
 source path (``benchmem``, the same Arrow schema and batch sizes from memory; ``benchdiscard``, a
-Python Arrow writer that drops its input) and ``noop``, measured in turn (full run: medians of 3
+Python Arrow writer that drops its input) and ``noop``, measured in turn (full run: medians of 5
 rounds); end-to-end latency with the phases of its micro-batches; the CPU a sink task spends per
 row; the broker-side cost of one micro-batch's control calls."""
 
@@ -10,6 +10,7 @@ import statistics
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 from bench.broker import BODY_BYTES, make_batch, make_table
@@ -64,16 +65,26 @@ def _round_ratios(rounds: list[tuple[float, ...]], figure: int, ceiling: int) ->
     return {"round ratios": [round(each[figure] / each[ceiling], 3) for each in rounds]}
 
 
+def _in_turn(measures: list[Callable[[], float]], round_index: int) -> tuple[float, ...]:
+    """One round: every figure measured once, one after the other, in the listed order in even
+    rounds and the reverse order in odd ones, so that no figure always runs first or last (a
+    figure run after another pays for what that one left behind: garbage, dirty pages)."""
+    order = range(len(measures)) if round_index % 2 == 0 else reversed(range(len(measures)))
+    figures = {i: measures[i]() for i in order}
+    return tuple(figures[i] for i in range(len(measures)))
+
+
 def source_vs_ceiling(spark, workdir: Path, address: str, topic: str, rows: int,
                       rounds: int = 1) -> list[tuple[float, float]]:
     """Rows/s of the source and of ``benchmem``, per round."""
-    def one_round() -> tuple[float, float]:
-        ours = rows / _run_available_now(_source(spark, address, topic, f"bench-{uuid.uuid4().hex[:6]}"),
+    def ours() -> float:
+        return rows / _run_available_now(_source(spark, address, topic, f"bench-{uuid.uuid4().hex[:6]}"),
                                          workdir / f"ck-{uuid.uuid4().hex}")
-        ceiling = rows / _run_available_now(_mem(spark, rows), workdir / f"ck-{uuid.uuid4().hex}")
-        return ours, ceiling
 
-    return [one_round() for _ in range(rounds)]
+    def ceiling() -> float:
+        return rows / _run_available_now(_mem(spark, rows), workdir / f"ck-{uuid.uuid4().hex}")
+
+    return [_in_turn([ours, ceiling], r) for r in range(rounds)]
 
 
 def sink_vs_ceiling(spark, workdir: Path, address: str, rows: int,
@@ -82,22 +93,22 @@ def sink_vs_ceiling(spark, workdir: Path, address: str, rows: int,
     writer, per round."""
     conn = BrokerConnection(address)
 
-    def one_round() -> tuple[float, float, float, float]:
-        rates = []
-        for exactly_once in ("true", "false"):
+    def ours(exactly_once: str) -> Callable[[], float]:
+        def run() -> float:
             topic = f"bench-sink-{exactly_once}-{uuid.uuid4().hex[:6]}"
             conn.call("CreateTopic", pb.CreateTopicRequest(topic=topic, queue_count=QUEUES))
-            df = _mem(spark, rows).select("key", "body")
-            rates.append(rows / _run_available_now(df, workdir / f"ck-{uuid.uuid4().hex}", "orderlymq",
-                                                   brokers=address, topic=topic, shardingKey="key",
-                                                   exactlyOnce=exactly_once))
-        noop = rows / _run_available_now(_mem(spark, rows).select("key", "body"), workdir / f"ck-{uuid.uuid4().hex}")
-        discard = rows / _run_available_now(_mem(spark, rows).select("key", "body"),
-                                            workdir / f"ck-{uuid.uuid4().hex}", "benchdiscard")
-        return rates[0], rates[1], noop, discard
+            return rows / _run_available_now(_mem(spark, rows).select("key", "body"), workdir / f"ck-{uuid.uuid4().hex}",
+                                             "orderlymq", brokers=address, topic=topic, shardingKey="key",
+                                             exactlyOnce=exactly_once)
+        return run
+
+    def ceiling(sink: str) -> Callable[[], float]:
+        return lambda: rows / _run_available_now(_mem(spark, rows).select("key", "body"),
+                                                 workdir / f"ck-{uuid.uuid4().hex}", sink)
 
     try:
-        return [one_round() for _ in range(rounds)]
+        return [_in_turn([ours("true"), ours("false"), ceiling("noop"), ceiling("benchdiscard")], r)
+                for r in range(rounds)]
     finally:
         conn.close()
 
@@ -232,7 +243,7 @@ def control_cost_ms(address: str, repeats: int = 30) -> dict[str, float]:
 
 def run(workdir: Path, quick: bool) -> list[Row]:
     rows_total = 200_000 if quick else 4_000_000
-    rounds = 1 if quick else 3  # a figure and its ceiling measured in turn, medians
+    rounds = 1 if quick else 5  # a figure and its ceiling measured in turn, medians: rounds spread widely here
     out: list[Row] = []
     with BrokerProcess(workdir / "spark-bench", "--log-level", "WARNING") as broker:
         conn = BrokerConnection(broker.address)
