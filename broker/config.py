@@ -69,6 +69,9 @@ class BrokerConfig:
         A consumer leaves its group this long after its last heartbeat.
     txn_timeout_ms : int
         Default time a transaction may stay idle before it is aborted.
+    txn_stage_pool_bytes : int
+        How many bytes of finished transactions' staged-data files are kept for the next ones to
+        write over (``broker.staged_files``: cheaper than new files' pages); 0 deletes them.
     max_request_bytes : int
         Largest gRPC message accepted or sent.
     max_pull_messages, max_pull_bytes : int
@@ -164,6 +167,7 @@ class BrokerConfig:
     lock_lease_ms: int = 60_000
     consumer_timeout_ms: int = 30_000
     txn_timeout_ms: int = 60_000
+    txn_stage_pool_bytes: int = 512 * MIB
     max_request_bytes: int = 128 * MIB
     max_pull_messages: int = 10_000
     max_pull_bytes: int = 16 * MIB
@@ -322,6 +326,7 @@ _INT_RANGES: dict[str, tuple[int, int | None, str]] = {
     "lock_lease_ms": (1, None, "milliseconds"),
     "consumer_timeout_ms": (1, None, "milliseconds"),
     "txn_timeout_ms": (1, None, "milliseconds"),
+    "txn_stage_pool_bytes": (0, None, "bytes, 0 keeps no finished staged-data file"),
     "max_request_bytes": (1, _INT32_MAX, "bytes"),
     "max_pull_messages": (1, _INT32_MAX, "messages"),
     "max_pull_bytes": (1, _INT32_MAX, "bytes"),

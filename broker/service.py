@@ -82,7 +82,7 @@ class BrokerService:
         self.offsets = OffsetStore(data / "offsets.json")
         self.locks = LockManager(data / "lock-epochs.json", lease_ms=config.lock_lease_ms)
         self.members = Membership(timeout_ms=config.consumer_timeout_ms)
-        self.txns = TransactionManager(data / "txns", timeout_ms=config.txn_timeout_ms, fsync=config.flush == "sync")
+        self.txns = self._transactions()
         # Not one per core: an append of a broker group's master also waits for its slaves.
         self._commit_pool = futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="orderlymq-commit")
         self.metrics = BrokerMetrics(self)
@@ -149,8 +149,11 @@ class BrokerService:
         """Empty the transaction table (a slave about to copy its master's)."""
         self.txns.close()
         shutil.rmtree(self.store.data_dir / "txns", ignore_errors=True)
-        self.txns = TransactionManager(self.store.data_dir / "txns", timeout_ms=self.config.txn_timeout_ms,
-                                       fsync=self.config.flush == "sync")
+        self.txns = self._transactions()
+
+    def _transactions(self) -> TransactionManager:
+        return TransactionManager(self.store.data_dir / "txns", timeout_ms=self.config.txn_timeout_ms,
+                                  fsync=self.config.flush == "sync", stage_pool_bytes=self.config.txn_stage_pool_bytes)
 
     def _changed(self, offsets: bool = False) -> None:
         """Tell the group's slaves (if any) that something they copy changed."""

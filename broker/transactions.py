@@ -15,11 +15,10 @@ committed id is an idempotent success and a begin of a finished id reports how i
 
 On disk, under ``directory``:
 
-- ``staged/<sha256 of id>.stage``: one file per live transaction, frames
-  ``[u32 length][u32 crc32c][u16 topic length][topic][i32 queue id][Arrow IPC payload]``
-  (big-endian, the CRC covers what follows it). A frame is fsynced before ``stage`` returns, so only
-  an unacknowledged frame can be torn by a crash; on load a file is cut at its first incomplete or
-  corrupt frame.
+- ``staged/<sha256 of id>.stage``: one file per live transaction (``broker.staged_files``, which
+  recycles finished ones), a frame per send holding ``[u16 topic length][topic][i32 queue id][Arrow
+  IPC payload]``. A frame is fsynced before ``stage`` returns, so only an unacknowledged frame can be
+  torn by a crash; on load a file is cut at its first incomplete or corrupt frame.
 - ``txn-journal.log``: the same framing around one JSON state change per frame, fsynced per change.
 - ``txn-state.json``: a snapshot of every record, written with ``write_json_atomic`` when the journal
   grows as long as the table. Replaying the journal over the snapshot is idempotent (each frame holds
@@ -36,7 +35,6 @@ import errno
 import hashlib
 import json
 import logging
-import mmap
 import os
 import struct
 import threading
@@ -50,6 +48,7 @@ import crc32c
 from broker.clocks import steady_ms, wall_ms
 from broker.persist import fsync_dir, read_json, write_failure_as_error, write_json_atomic
 from broker.proto import orderlymq_pb2 as pb
+from broker.staged_files import FRAME_HEADER, POOL_BYTES, StagedFiles, split_frames
 from broker.wire.errors import (
     InternalBrokerError,
     InvalidRequestError,
@@ -65,10 +64,8 @@ OPEN, COMMITTING, COMMITTED, ABORTED = "OPEN", "COMMITTING", "COMMITTED", "ABORT
 MAX_TXN_ID_LENGTH = 256
 
 _STATE_VERSION = 1
-_FRAME_HEADER = struct.Struct(">II")  # body length, crc32c(body)
 _ENTRY_HEADER = struct.Struct(">H")  # topic length; the queue id follows the topic
 _QUEUE_ID = struct.Struct(">i")
-_MAX_FRAME = 2**31  # no frame is larger: a bigger length is garbage, not data
 _STRIPES = 64
 _REASON_TIMEOUT, _REASON_ABORT = "timeout", "abort"
 
@@ -93,6 +90,8 @@ class TransactionManager:
     keep_finished, finished_retention_ms : int
         A finished id is forgotten only once it is older than ``finished_retention_ms`` (24 h) *and*
         not among the ``keep_finished`` (100,000) most recent ones.
+    stage_pool_bytes : int
+        How many bytes of finished transactions' staged-data files are kept to be written over.
 
     Notes
     -----
@@ -111,10 +110,12 @@ class TransactionManager:
         steady: Callable[[], int] = steady_ms,
         keep_finished: int = 100_000,
         finished_retention_ms: int = 24 * 3600 * 1000,
+        stage_pool_bytes: int = POOL_BYTES,
     ):
         _check_timeout(timeout_ms, allow_zero=False)
         self._dir = Path(directory)
         self._staged_dir = self._dir / "staged"
+        self._files = StagedFiles(self._staged_dir, fsync, stage_pool_bytes)
         self._state_path = self._dir / "txn-state.json"
         self._journal_path = self._dir / "txn-journal.log"
         self._timeout_ms = timeout_ms
@@ -130,7 +131,6 @@ class TransactionManager:
         self._staged_counts: dict[str, int] = {}  # OPEN and COMMITTING ids -> sends staged
         self._finished: OrderedDict[str, int] = OrderedDict()  # finished ids, oldest first
         self._journal_records = 0
-        self._staged_dir.mkdir(parents=True, exist_ok=True)
         replayed = self._load()
         self._journal: BinaryIO = open(self._journal_path, "ab", buffering=0)  # noqa: SIM115 - lives as long as the manager
         if self._fsync:  # the journal and its directories must survive a power loss, not only their contents
@@ -228,7 +228,7 @@ class TransactionManager:
                     "the sends in between are missing (lost in a failover); stage everything again in a new transaction"
                 )
             with write_failure_as_error(self._dir.parent, f"stage a send in transaction {txn_id!r}"):
-                self._append_frame(self._staged_path(txn_id), parts)
+                self._files.append(_staged_name(txn_id), parts)
             with self._mutex:
                 self._staged_counts[txn_id] = count + 1
             return True
@@ -369,7 +369,7 @@ class TransactionManager:
                     live.append((tid, OPEN, idle, max(0, rec["timeout_ms"] - idle)))
                 elif rec["state"] == COMMITTING:
                     live.append((tid, COMMITTING, max(0, now - rec["updated_ms"]), None))
-        return [(tid, state, idle, left, self._staged_size(tid))
+        return [(tid, state, idle, left, self._files.size(_staged_name(tid)))
                 for tid, state, idle, left in sorted(live, key=lambda t: (-t[2], t[0]))]
 
     def committing(self) -> list[str]:
@@ -449,9 +449,8 @@ class TransactionManager:
         self._staged_counts.pop(txn_id, None)
         self._finished[txn_id] = now
         self._finished.move_to_end(txn_id)
-        # After the journal says finished: a crash before this unlink leaves an orphan removed on load.
-        with contextlib.suppress(FileNotFoundError):
-            self._staged_path(txn_id).unlink()
+        # After the journal says finished: a crash before this leaves an orphan, pooled on load.
+        self._files.release(_staged_name(txn_id))
 
     def _forget_old_locked(self, now: int) -> None:
         excess = len(self._finished) - self._keep_finished
@@ -471,69 +470,17 @@ class TransactionManager:
     def _stripe(self, txn_id: str) -> threading.Lock:
         return self._stripes[hash(txn_id) % _STRIPES]
 
-    def _staged_size(self, txn_id: str) -> int:
-        try:
-            return self._staged_path(txn_id).stat().st_size
-        except FileNotFoundError:  # nothing staged yet, or finished meanwhile
-            return 0
-
-    def _staged_path(self, txn_id: str) -> Path:
-        # Ids are arbitrary producer strings: hash them into a safe, fixed-length file name.
-        return self._staged_dir / f"{hashlib.sha256(txn_id.encode('utf-8')).hexdigest()[:40]}.stage"
-
-    def _append_frame(self, path: Path, parts: list[bytes]) -> None:
-        length, crc = 0, 0
-        for part in parts:
-            length += len(part)
-            crc = crc32c.crc32c(part, crc)
-        created = not path.exists()
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        try:
-            start = os.fstat(fd).st_size
-            try:
-                # os-level writes: a failed write leaves nothing in a buffer to be written later.
-                for part in [_FRAME_HEADER.pack(length, crc), *parts]:
-                    if os.write(fd, part) != len(part):
-                        raise OSError(errno.ENOSPC, f"short write to {path}")
-                if self._fsync:
-                    os.fsync(fd)
-                    if created:  # findable after a power cut
-                        fsync_dir(path.parent)
-            except BaseException:
-                # Never leave a partial frame: later frames would sit behind it and be cut on load;
-                # nor a frame refused, which a resend would stage a second time. A file created
-                # here goes too, so that the resend creates it again and fsyncs its directory.
-                with contextlib.suppress(OSError):
-                    if created:
-                        path.unlink()
-                    else:
-                        os.ftruncate(fd, start)
-                raise
-        finally:
-            os.close(fd)
-
     def _read_staged(self, txn_id: str) -> Iterator[tuple[str, int, memoryview]]:
-        """The staged sends, each payload a view of the file mapped into memory: a commit writes
-        megabytes from the page cache to the queue logs without copying them on the way."""
-        path = self._staged_path(txn_id)
-        try:
-            with open(path, "rb") as file:
-                size = os.fstat(file.fileno()).st_size
-                if not size:
-                    return
-                data = mmap.mmap(file.fileno(), size, access=mmap.ACCESS_READ)  # unmapped once unreferenced
-        except FileNotFoundError:
-            return
-        bodies, end = _split_frames(data)
+        """The staged sends, each payload a view of the file mapped into memory."""
+        bodies, corrupt_at = self._files.frames(_staged_name(txn_id))
+        if corrupt_at is not None:
+            raise InternalBrokerError(f"staged data of transaction {txn_id!r} ({self._staged_dir / _staged_name(txn_id)}) "
+                                      f"is corrupt at byte {corrupt_at}; abort the transaction")
         for body in bodies:
             (topic_len,) = _ENTRY_HEADER.unpack_from(body, 0)
             topic = bytes(body[2 : 2 + topic_len]).decode("utf-8")
             (queue_id,) = _QUEUE_ID.unpack_from(body, 2 + topic_len)
             yield topic, queue_id, body[6 + topic_len :]
-        if end != len(data):
-            raise InternalBrokerError(
-                f"staged data of transaction {txn_id!r} ({path}) is corrupt at byte {end}; abort the transaction"
-            )
 
     def _record(self, changes: list[tuple[str, dict[str, Any] | None]]) -> None:
         """Journal whole records (None: forget the id), then apply them to the table.
@@ -595,21 +542,15 @@ class TransactionManager:
 
         replayed = self._replay_journal()
         tick = self._steady()
-        live_files = set()
-        for tid, rec in self._txns.items():
-            if rec["state"] in (OPEN, COMMITTING):
-                path = self._staged_path(tid)
-                live_files.add(path.name)
-                self._staged_counts[tid] = _cut_torn_tail(path, self._fsync)
-                if rec["state"] == OPEN:
-                    self._activity[tid] = tick
+        live = {tid: _staged_name(tid) for tid, rec in self._txns.items() if rec["state"] in (OPEN, COMMITTING)}
+        counts = self._files.load(live.values())
+        for tid, name in live.items():
+            self._staged_counts[tid] = counts[name]
+            if self._txns[tid]["state"] == OPEN:
+                self._activity[tid] = tick
         for tid, rec in sorted(self._txns.items(), key=lambda item: item[1]["updated_ms"]):
             if rec["state"] in (COMMITTED, ABORTED):
                 self._finished[tid] = rec["updated_ms"]
-        for path in self._staged_dir.iterdir():
-            if path.name not in live_files:
-                # Staged data of a transaction that finished just before a crash.
-                path.unlink()
         return replayed
 
     def _replay_journal(self) -> int:
@@ -617,7 +558,7 @@ class TransactionManager:
             data = self._journal_path.read_bytes()
         except FileNotFoundError:
             return 0
-        bodies, end = _split_frames(data)
+        bodies, end = split_frames(data)
         for body in bodies:
             try:
                 change = json.loads(bytes(body))
@@ -638,41 +579,12 @@ class TransactionManager:
 
 
 def _frame(body: bytes) -> bytes:
-    return _FRAME_HEADER.pack(len(body), crc32c.crc32c(body)) + body
+    return FRAME_HEADER.pack(len(body), crc32c.crc32c(body)) + body
 
 
-def _split_frames(data: bytes) -> tuple[list[memoryview], int]:
-    """The bodies of the whole, intact frames at the start of ``data``, and where they end.
-
-    Stops at the first incomplete frame or CRC mismatch: everything from there on is a torn tail.
-    """
-    view = memoryview(data)
-    bodies, pos = [], 0
-    while pos + _FRAME_HEADER.size <= len(data):
-        length, crc = _FRAME_HEADER.unpack_from(data, pos)
-        start, end = pos + _FRAME_HEADER.size, pos + _FRAME_HEADER.size + length
-        if length >= _MAX_FRAME or end > len(data) or crc32c.crc32c(view[start:end]) != crc:
-            break
-        bodies.append(view[start:end])
-        pos = end
-    return bodies, pos
-
-
-def _cut_torn_tail(path: Path, fsync: bool) -> int:
-    """Cut the staged file at ``path`` after its last whole frame; how many frames it holds."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return 0
-    bodies, end = _split_frames(data)
-    if end != len(data):
-        # Only the last, unacknowledged frame can be torn by a crash: every acknowledged one was fsynced.
-        log.warning("cutting %d bytes of torn staged data at %s", len(data) - end, path)
-        with open(path, "r+b") as f:
-            f.truncate(end)
-            if fsync:
-                os.fsync(f.fileno())
-    return len(bodies)
+def _staged_name(txn_id: str) -> str:
+    # Ids are arbitrary producer strings: hash them into a safe, fixed-length file name.
+    return f"{hashlib.sha256(txn_id.encode('utf-8')).hexdigest()[:40]}.stage"
 
 
 def _valid_record(rec: Any) -> dict[str, Any]:

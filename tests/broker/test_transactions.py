@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.transactions import ABORTED, COMMITTED, COMMITTING, OPEN, TransactionManager
+from broker.transactions import ABORTED, COMMITTED, COMMITTING, OPEN, TransactionManager, _frame
+from broker.transactions import _staged_name as staged_name
 from broker.wire.errors import InternalBrokerError, InvalidRequestError, TransactionError, TransactionNotFoundError
 from tests.support import FakeClock
 
@@ -50,7 +51,12 @@ def txns(open_manager):
 
 
 def staged_files(directory):
-    return sorted(p.name for p in (directory / "staged").iterdir())
+    """The live transactions' staged-data files (not the pool of finished ones)."""
+    return sorted(p.name for p in (directory / "staged").iterdir() if not p.name.startswith("free-"))
+
+
+def pooled_files(directory):
+    return sorted(p for p in (directory / "staged").iterdir() if p.name.startswith("free-"))
 
 
 def test_begin_stage_commit_in_send_order(txns):
@@ -75,7 +81,7 @@ def test_empty_transaction_commits(txns, directory):
     assert staged_files(directory) == []
 
 
-def test_committed_data_is_deleted(txns, directory):
+def test_committed_data_is_dropped(txns, directory):
     txns.begin("t")
     txns.stage("t", "x", 0, b"payload")
     assert len(staged_files(directory)) == 1
@@ -403,6 +409,78 @@ def test_orphan_staged_files_are_removed_on_load(open_manager, directory):
     assert staged_files(directory) == []
 
 
+def _commit(txns, txn_id, sends):
+    txns.begin(txn_id)
+    for payload in sends:
+        txns.stage(txn_id, "x", 0, payload)
+    txns.prepare_commit(txn_id)
+    txns.mark_committed(txn_id)
+
+
+def test_a_finished_file_is_written_over_without_its_frames_coming_back(open_manager, directory):
+    """The next transaction writes over a pooled file from its start: the previous one's frames
+    past the new ones are never read, neither now nor after a restart."""
+    first = open_manager()
+    _commit(first, "a", [b"a" * 5_000, b"b" * 5_000, b"c" * 5_000])
+    [pooled] = pooled_files(directory)
+    inode, size = pooled.stat().st_ino, pooled.stat().st_size
+    first.begin("b")
+    first.stage("b", "x", 0, b"new")
+    assert pooled_files(directory) == []
+    [name] = staged_files(directory)
+    path = directory / "staged" / name
+    assert (path.stat().st_ino, path.stat().st_size) == (inode, size)  # the same file, the old frames behind
+    assert first.staged("b") == [("x", 0, b"new")]
+    first.close()
+    second = open_manager()
+    assert second.stage("b", "x", 0, b"one", sequence=0) is False  # one send staged, not four
+    assert second.prepare_commit("b") == (False, [("x", 0, b"new")])
+
+
+def test_a_pooled_file_taken_but_not_yet_written_holds_no_frames(open_manager, directory):
+    """A crash between taking a pooled file and writing its first frame leaves the file under
+    the new transaction's name with the old frames in it: they belong to nobody."""
+    first = open_manager()
+    _commit(first, "a", [b"old" * 100])
+    first.begin("b")
+    first.close()
+    [pooled] = pooled_files(directory)
+    pooled.rename(directory / "staged" / staged_name("b"))
+    second = open_manager()
+    assert second.staged("b") == []
+    assert second.stage("b", "x", 0, b"b0", sequence=0)
+    assert second.prepare_commit("b") == (False, [("x", 0, b"b0")])
+
+
+def test_the_pool_keeps_no_more_than_its_bytes(open_manager, directory):
+    txns = open_manager(stage_pool_bytes=30_000)
+    for txn_id in "abc":  # open together: none can take another's file
+        txns.begin(txn_id)
+        txns.stage(txn_id, "x", 0, txn_id.encode() * 12_000)
+    for txn_id in "abc":
+        txns.prepare_commit(txn_id)
+        txns.mark_committed(txn_id)
+    assert len(pooled_files(directory)) == 2  # the third would pass 30,000 bytes: deleted
+    txns.close()
+    open_manager(stage_pool_bytes=13_000).close()
+    assert len(pooled_files(directory)) == 1  # a smaller limit on load
+    open_manager(stage_pool_bytes=0).close()
+    assert pooled_files(directory) == []
+
+
+def test_a_staged_file_of_an_older_broker_is_read_and_appended_to(open_manager, directory):
+    """Files written before the header and seeded CRCs: frames from byte 0, CRCs unseeded."""
+    first = open_manager()
+    first.begin("t")
+    first.close()
+    body = b"\x00\x01x" + (0).to_bytes(4, "big") + b"before upgrade"  # topic "x", queue 0, payload
+    (directory / "staged" / staged_name("t")).write_bytes(_frame(body))
+    second = open_manager()
+    assert second.stage("t", "x", 0, b"after", sequence=1)
+    second.close()
+    assert open_manager().prepare_commit("t") == (False, [("x", 0, b"before upgrade"), ("x", 0, b"after")])
+
+
 def test_corrupt_snapshot_is_named(open_manager, directory):
     open_manager().close()
     (directory / "txn-state.json").write_text("{oops")
@@ -414,8 +492,9 @@ def test_corruption_inside_staged_data_is_reported_on_commit(txns, directory):
     txns.begin("t")
     txns.stage("t", "x", 0, b"first")
     [name] = staged_files(directory)
-    with open(directory / "staged" / name, "ab") as f:
-        f.write(b"\xff")
+    with open(directory / "staged" / name, "r+b") as f:
+        f.seek(-1, os.SEEK_END)
+        f.write(b"\xff")  # the payload's last byte
     with pytest.raises(InternalBrokerError, match="staged data of transaction 't'.*corrupt"):
         txns.prepare_commit("t")
     assert txns.state("t") == OPEN
