@@ -6,7 +6,9 @@ into new files took 1.1-1.6 s of system time, into the pages of files kept from 
 transactions 0.03 s, and staging was half of a broker's CPU under an exactly-once Spark sink. So
 a finished transaction's file goes into a pool (up to ``pool_bytes`` in all, on disk and in the
 page cache, which the kernel may still reclaim) and the next transaction writes over it from the
-start, where deleting it and creating a new one would pay for new pages every time.
+start, where deleting it and creating a new one would pay for new pages every time. The pool
+gives way to the disk: a file is kept only while the file system has twice ``pool_bytes`` free,
+and a staged send refused for want of space empties the pool and is written once more.
 
 A file is a header ``[8-byte magic "OMQSTG01"][8-byte random nonce]`` followed by frames
 ``[u32 length][u32 crc32c][body]`` (big-endian) whose CRCs are seeded from the header and the
@@ -33,7 +35,7 @@ from pathlib import Path
 
 import crc32c
 
-from broker.persist import fsync_dir
+from broker.persist import fsync_dir, is_disk_full
 
 __all__ = ["FRAME_HEADER", "POOL_BYTES", "StagedFiles", "split_frames"]
 
@@ -87,6 +89,14 @@ class StagedFiles:
         """Write one frame of ``parts`` after the file's last one (a first frame into a pooled file
         when there is one); durable on return when the manager fsyncs. A failed write leaves the
         file as it was: no partial frame, and no whole frame that the caller was told failed."""
+        try:
+            self._append(name, parts)
+        except OSError as exc:
+            if not (is_disk_full(exc) and self._empty_pool()):
+                raise
+            self._append(name, parts)
+
+    def _append(self, name: str, parts: Sequence[bytes | memoryview]) -> None:
         path = self._dir / name
         extent = self._extent(path)
         header = b""
@@ -198,11 +208,25 @@ class StagedFiles:
             pooled, _size = self._pool.pop()
         os.rename(pooled, path)
 
+    def _empty_pool(self) -> bool:
+        """Delete every pooled file (the disk needs their space); whether there was one."""
+        with self._mutex:
+            pooled, self._pool = self._pool, []
+        for path, _size in pooled:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        if pooled:
+            log.warning("disk full: deleted the %d staged-data file(s) kept for reuse in %s", len(pooled), self._dir)
+        return bool(pooled)
+
     def _release_path(self, path: Path) -> None:
         size = path.stat().st_size
         with self._mutex:
             pooled = sum(each for _, each in self._pool)
             keep = pooled + size <= self._pool_bytes and size > _HEADER_BYTES
+        if keep:
+            disk = os.statvfs(self._dir)
+            keep = disk.f_bavail * disk.f_frsize >= 2 * self._pool_bytes
         if not keep:
             path.unlink()
             return

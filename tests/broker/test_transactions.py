@@ -16,6 +16,7 @@ from broker.transactions import ABORTED, COMMITTED, COMMITTING, OPEN, Transactio
 from broker.transactions import _staged_name as staged_name
 from broker.wire.errors import InternalBrokerError, InvalidRequestError, TransactionError, TransactionNotFoundError
 from tests.support import FakeClock
+from tests.tmpfs import Ballast, mounted_tmpfs
 
 TIMEOUT = 1_000
 
@@ -466,6 +467,30 @@ def test_the_pool_keeps_no_more_than_its_bytes(open_manager, directory):
     assert len(pooled_files(directory)) == 1  # a smaller limit on load
     open_manager(stage_pool_bytes=0).close()
     assert pooled_files(directory) == []
+
+
+def test_the_pool_gives_way_to_a_full_disk(tmp_path, clock):
+    """A send refused for want of space empties the pool and is staged; a nearly full disk keeps
+    no finished file."""
+    with mounted_tmpfs(tmp_path / "disk", 2048) as disk:
+        txns = TransactionManager(disk / "txn", clock=clock, steady=clock, stage_pool_bytes=500_000)
+        try:
+            for txn_id in ("a1", "a2"):  # open together: two pooled files
+                txns.begin(txn_id)
+                txns.stage(txn_id, "x", 0, b"a" * 200_000)
+            for txn_id in ("a1", "a2"):
+                txns.prepare_commit(txn_id)
+                txns.mark_committed(txn_id)
+            assert len(pooled_files(disk / "txn")) == 2
+            Ballast(disk).fill()
+            txns.begin("b")
+            txns.stage("b", "x", 0, b"b" * 300_000)  # more than a pooled file holds: the pool is emptied
+            assert pooled_files(disk / "txn") == []
+            assert txns.prepare_commit("b") == (False, [("x", 0, b"b" * 300_000)])
+            txns.mark_committed("b")
+            assert pooled_files(disk / "txn") == []  # under twice the pool's bytes free: not kept
+        finally:
+            txns.close()
 
 
 def test_a_staged_file_of_an_older_broker_is_read_and_appended_to(open_manager, directory):
