@@ -56,7 +56,8 @@ from broker.wire.errors import (
     TransactionNotFoundError,
 )
 
-__all__ = ["ABORTED", "COMMITTED", "COMMITTING", "MAX_TXN_ID_LENGTH", "OPEN", "TransactionManager", "prepare_change"]
+__all__ = ["ABORTED", "COMMITTED", "COMMITTING", "MAX_TXN_ID_LENGTH", "OPEN", "TransactionManager", "prepare_change",
+           "staged_file_name"]
 
 log = logging.getLogger(__name__)
 
@@ -228,7 +229,7 @@ class TransactionManager:
                     "the sends in between are missing (lost in a failover); stage everything again in a new transaction"
                 )
             with write_failure_as_error(self._dir.parent, f"stage a send in transaction {txn_id!r}"):
-                self._files.append(_staged_name(txn_id), parts)
+                self._files.append(staged_file_name(txn_id), parts)
             with self._mutex:
                 self._staged_counts[txn_id] = count + 1
             return True
@@ -369,7 +370,7 @@ class TransactionManager:
                     live.append((tid, OPEN, idle, max(0, rec["timeout_ms"] - idle)))
                 elif rec["state"] == COMMITTING:
                     live.append((tid, COMMITTING, max(0, now - rec["updated_ms"]), None))
-        return [(tid, state, idle, left, self._files.size(_staged_name(tid)))
+        return [(tid, state, idle, left, self._files.size(staged_file_name(tid)))
                 for tid, state, idle, left in sorted(live, key=lambda t: (-t[2], t[0]))]
 
     def committing(self) -> list[str]:
@@ -450,7 +451,7 @@ class TransactionManager:
         self._finished[txn_id] = now
         self._finished.move_to_end(txn_id)
         # After the journal says finished: a crash before this leaves an orphan, pooled on load.
-        self._files.release(_staged_name(txn_id))
+        self._files.release(staged_file_name(txn_id))
 
     def _forget_old_locked(self, now: int) -> None:
         excess = len(self._finished) - self._keep_finished
@@ -472,9 +473,9 @@ class TransactionManager:
 
     def _read_staged(self, txn_id: str) -> Iterator[tuple[str, int, memoryview]]:
         """The staged sends, each payload a view of the file mapped into memory."""
-        bodies, corrupt_at = self._files.frames(_staged_name(txn_id))
+        bodies, corrupt_at = self._files.frames(staged_file_name(txn_id))
         if corrupt_at is not None:
-            raise InternalBrokerError(f"staged data of transaction {txn_id!r} ({self._staged_dir / _staged_name(txn_id)}) "
+            raise InternalBrokerError(f"staged data of transaction {txn_id!r} ({self._staged_dir / staged_file_name(txn_id)}) "
                                       f"is corrupt at byte {corrupt_at}; abort the transaction")
         for body in bodies:
             (topic_len,) = _ENTRY_HEADER.unpack_from(body, 0)
@@ -542,7 +543,7 @@ class TransactionManager:
 
         replayed = self._replay_journal()
         tick = self._steady()
-        live = {tid: _staged_name(tid) for tid, rec in self._txns.items() if rec["state"] in (OPEN, COMMITTING)}
+        live = {tid: staged_file_name(tid) for tid, rec in self._txns.items() if rec["state"] in (OPEN, COMMITTING)}
         counts = self._files.load(live.values())
         for tid, name in live.items():
             self._staged_counts[tid] = counts[name]
@@ -582,8 +583,9 @@ def _frame(body: bytes) -> bytes:
     return FRAME_HEADER.pack(len(body), crc32c.crc32c(body)) + body
 
 
-def _staged_name(txn_id: str) -> str:
-    # Ids are arbitrary producer strings: hash them into a safe, fixed-length file name.
+def staged_file_name(txn_id: str) -> str:
+    """The name of ``txn_id``'s staged-data file: ids are arbitrary producer strings, hashed into a
+    safe, fixed-length name."""
     return f"{hashlib.sha256(txn_id.encode('utf-8')).hexdigest()[:40]}.stage"
 
 

@@ -10,10 +10,11 @@ import textwrap
 import threading
 from pathlib import Path
 
+import crc32c
 import pytest
 
-from broker.transactions import ABORTED, COMMITTED, COMMITTING, OPEN, TransactionManager, _frame
-from broker.transactions import _staged_name as staged_name
+from broker.staged_files import FRAME_HEADER
+from broker.transactions import ABORTED, COMMITTED, COMMITTING, OPEN, TransactionManager, staged_file_name
 from broker.wire.errors import InternalBrokerError, InvalidRequestError, TransactionError, TransactionNotFoundError
 from tests.support import FakeClock
 from tests.tmpfs import Ballast, mounted_tmpfs
@@ -446,7 +447,7 @@ def test_a_pooled_file_taken_but_not_yet_written_holds_no_frames(open_manager, d
     first.begin("b")
     first.close()
     [pooled] = pooled_files(directory)
-    pooled.rename(directory / "staged" / staged_name("b"))
+    pooled.rename(directory / "staged" / staged_file_name("b"))
     second = open_manager()
     assert second.staged("b") == []
     assert second.stage("b", "x", 0, b"b0", sequence=0)
@@ -499,7 +500,8 @@ def test_a_staged_file_of_an_older_broker_is_read_and_appended_to(open_manager, 
     first.begin("t")
     first.close()
     body = b"\x00\x01x" + (0).to_bytes(4, "big") + b"before upgrade"  # topic "x", queue 0, payload
-    (directory / "staged" / staged_name("t")).write_bytes(_frame(body))
+    legacy_frame = FRAME_HEADER.pack(len(body), crc32c.crc32c(body)) + body
+    (directory / "staged" / staged_file_name("t")).write_bytes(legacy_frame)
     second = open_manager()
     assert second.stage("t", "x", 0, b"after", sequence=1)
     second.close()
