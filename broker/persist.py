@@ -10,6 +10,8 @@ It raises an ``InternalBrokerError`` naming the file instead, and the operator d
 ``DiskFullError``, and one the disk refused (EIO, EROFS) into a ``BrokerUnavailableError``, each
 naming the data directory and what to do: the one translation of them. It lets an
 ``UnsyncedRenameError`` pass: that write did take place, and only its caller can say what follows.
+A full disk first takes back what the broker keeps on disk only to save work later
+(``keep_spare_space``: finished transactions' files kept for reuse), so that a retry may succeed.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import logging
 import os
 import tempfile
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -31,6 +34,7 @@ __all__ = [
     "disk_full_error",
     "fsync_dir",
     "is_disk_full",
+    "keep_spare_space",
     "load_state",
     "read_json",
     "UnsyncedRenameError",
@@ -45,6 +49,17 @@ _NO_DIRECTORY_FSYNC = frozenset({errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP})
 _REFUSED = frozenset({errno.EIO, errno.EROFS})  # a failing disk, or one the kernel remounted read-only
 _WARN_EVERY_S = 10.0  # a full disk refuses every write: one log line per data dir this often is enough
 _last_warned: dict[str, float] = {}
+_spare_space_keepers: weakref.WeakSet = weakref.WeakSet()
+
+
+def keep_spare_space(keeper: Any) -> None:
+    """Register ``keeper``, whose ``give_back_space()`` deletes what it keeps only to save work
+    later and returns the bytes it freed: a write refused for want of space calls it."""
+    _spare_space_keepers.add(keeper)
+
+
+def _give_back_space() -> int:
+    return sum(keeper.give_back_space() for keeper in list(_spare_space_keepers))
 
 
 class UnsyncedRenameError(OSError):
@@ -59,16 +74,20 @@ def is_disk_full(exc: BaseException) -> bool:
 
 def disk_full_error(data_dir: Path | str, what: str, cause: str = "No space left on device") -> DiskFullError:
     """A ``DiskFullError`` saying that ``what`` failed in ``data_dir``, that nothing of it was kept,
-    and how to get going again; the broker log says so too, at most every few seconds."""
+    and how to get going again; the broker log says so too, at most every few seconds. Space kept
+    only to save work (``keep_spare_space``) is given back first, and the error says so."""
+    freed = _give_back_space()
     now = time.monotonic()
     if now - _last_warned.get(str(data_dir), -_WARN_EVERY_S) >= _WARN_EVERY_S:
         _last_warned[str(data_dir)] = now
         log.warning("disk full in data dir %s (%s): could not %s; writes are refused until space is freed",
                     data_dir, cause, what)
+    given_back = f" The broker deleted {freed:,} bytes of files it kept for reuse: retrying may succeed now." \
+        if freed else ""
     return DiskFullError(
         f"disk full: could not {what}: {cause} in the broker's data dir {data_dir}; nothing of it was stored "
         "or changed. Free space on that file system (delete unused topics, lower retention_bytes / "
-        "retention_ms, or move the data dir to a larger volume), then retry",
+        f"retention_ms, or move the data dir to a larger volume), then retry.{given_back}",
         str(data_dir),
     )
 

@@ -7,8 +7,9 @@ transactions 0.03 s, and staging was half of a broker's CPU under an exactly-onc
 a finished transaction's file goes into a pool (up to ``pool_bytes`` in all, on disk and in the
 page cache, which the kernel may still reclaim) and the next transaction writes over it from the
 start, where deleting it and creating a new one would pay for new pages every time. The pool
-gives way to the disk: a file is kept only while the file system has twice ``pool_bytes`` free,
-and a staged send refused for want of space empties the pool and is written once more.
+gives way to the disk: a file is kept only while the file system has twice ``pool_bytes`` free, a
+staged send refused for want of space empties the pool and is written once more, and any other
+write the broker's disk refuses empties it too (``broker.persist.keep_spare_space``).
 
 A file is a header ``[8-byte magic "OMQSTG01"][8-byte random nonce]`` followed by frames
 ``[u32 length][u32 crc32c][body]`` (big-endian) whose CRCs are seeded from the header and the
@@ -35,7 +36,7 @@ from pathlib import Path
 
 import crc32c
 
-from broker.persist import fsync_dir, is_disk_full
+from broker.persist import fsync_dir, is_disk_full, keep_spare_space
 
 __all__ = ["FRAME_HEADER", "POOL_BYTES", "StagedFiles", "split_frames"]
 
@@ -71,6 +72,7 @@ class StagedFiles:
         self._extents: dict[str, _Extent] = {}  # file name -> extent, for live files read or written
         self._pool: list[tuple[Path, int]] = []  # (path, size), most recently pooled last
         self._dir.mkdir(parents=True, exist_ok=True)
+        keep_spare_space(self)
 
     def load(self, live: Iterable[str]) -> dict[str, int]:
         """Cut each live file (by name) after its last whole frame; pool or delete every other.
@@ -92,7 +94,7 @@ class StagedFiles:
         try:
             self._append(name, parts)
         except OSError as exc:
-            if not (is_disk_full(exc) and self._empty_pool()):
+            if not (is_disk_full(exc) and self.give_back_space()):
                 raise
             self._append(name, parts)
 
@@ -160,6 +162,17 @@ class StagedFiles:
         with contextlib.suppress(FileNotFoundError):
             self._release_path(self._dir / name)
 
+    def give_back_space(self) -> int:
+        """Delete every pooled file (the disk needs their space); the bytes freed."""
+        with self._mutex:
+            pooled, self._pool = self._pool, []
+        for path, _size in pooled:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        if pooled:
+            log.warning("disk full: deleted the %d staged-data file(s) kept for reuse in %s", len(pooled), self._dir)
+        return sum(size for _, size in pooled)
+
     # ---- helpers ------------------------------------------------------------------------------
 
     def _extent(self, path: Path) -> _Extent | None:
@@ -207,17 +220,6 @@ class StagedFiles:
                 return
             pooled, _size = self._pool.pop()
         os.rename(pooled, path)
-
-    def _empty_pool(self) -> bool:
-        """Delete every pooled file (the disk needs their space); whether there was one."""
-        with self._mutex:
-            pooled, self._pool = self._pool, []
-        for path, _size in pooled:
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
-        if pooled:
-            log.warning("disk full: deleted the %d staged-data file(s) kept for reuse in %s", len(pooled), self._dir)
-        return bool(pooled)
 
     def _release_path(self, path: Path) -> None:
         size = path.stat().st_size

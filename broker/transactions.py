@@ -530,7 +530,7 @@ class TransactionManager:
         return {"version": _STATE_VERSION, "txns": self._txns}
 
     def _load(self) -> int:
-        """Read snapshot and journal, cut torn tails, drop orphans; return how many changes were replayed."""
+        """Read snapshot and journal, cut torn tails, pool orphans; return how many changes were replayed."""
         snapshot = read_json(self._state_path, None)
         try:
             if snapshot is not None:

@@ -224,3 +224,37 @@ def test_a_big_commit_cut_by_a_full_disk_completes_once_space_is_back(tmp_path):
                 assert all(d.key == f"k{d.queue_id}" for d in deliveries)
         finally:
             proc.kill9()
+
+
+def test_a_full_disk_takes_back_the_staged_files_kept_for_reuse(disk, tmp_path):
+    """A finished transaction's staged file, kept to be written over, is the first thing a full
+    disk takes back: the send refused says so, and sending again stores it, in order."""
+    config = tmp_path / "broker.toml"
+    config.write_text('[broker]\nflush = "sync"\ntxn_stage_pool_bytes = 262_144\n')
+    proc = BrokerProcess(disk / "data", "--config", str(config), log_path=tmp_path / "broker.log").start()
+    try:
+        with Admin(proc.address) as admin, BrokerConnection(proc.address, retry_timeout=10) as conn:
+            admin.create_topic(TOPIC, 1)
+            history, seq = History(), 0
+            conn.call("BeginTxn", pb.BeginTxnRequest(txn_id="kept"))
+            pad = {f"pad{i}": "x" * 30_000 for i in range(5)}  # a 150 KB staged file
+            send_rows(conn, TOPIC, 0, [{"key": "k", "body": body("k", seq), "properties": pad}], txn_id="kept")
+            conn.call("CommitTxn", pb.CommitTxnRequest(txn_id="kept"))
+            history.sent("k", seq, acked=True)
+            assert len(list((disk / "data" / "txns" / "staged").glob("free-*"))) == 1
+            Ballast(disk).fill()
+            while True:  # what fits in the segment's last partly used page is stored
+                seq += 1
+                try:
+                    send_rows(conn, TOPIC, 0, [{"key": "k", "body": body("k", seq)}])
+                except DiskFullError as exc:
+                    assert "deleted" in str(exc) and "kept for reuse: retrying may succeed" in str(exc), str(exc)
+                    break
+                history.sent("k", seq, acked=True)
+            assert list((disk / "data" / "txns" / "staged").glob("free-*")) == []
+            send_rows(conn, TOPIC, 0, [{"key": "k", "body": body("k", seq)}])  # the same send again
+            history.sent("k", seq, acked=True)
+            verdict = check(history.sends, stored(conn))
+        assert verdict.ok and verdict.lost == 0 and verdict.duplicated == 0, str(verdict)
+    finally:
+        proc.kill9()
