@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import tempfile
+import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -50,16 +51,20 @@ _REFUSED = frozenset({errno.EIO, errno.EROFS})  # a failing disk, or one the ker
 _WARN_EVERY_S = 10.0  # a full disk refuses every write: one log line per data dir this often is enough
 _last_warned: dict[str, float] = {}
 _spare_space_keepers: weakref.WeakSet = weakref.WeakSet()
+_keepers_lock = threading.Lock()  # a set must not change while it is copied
 
 
 def keep_spare_space(keeper: Any) -> None:
     """Register ``keeper``, whose ``give_back_space()`` deletes what it keeps only to save work
     later and returns the bytes it freed: a write refused for want of space calls it."""
-    _spare_space_keepers.add(keeper)
+    with _keepers_lock:
+        _spare_space_keepers.add(keeper)
 
 
 def _give_back_space() -> int:
-    return sum(keeper.give_back_space() for keeper in list(_spare_space_keepers))
+    with _keepers_lock:
+        keepers = list(_spare_space_keepers)
+    return sum(keeper.give_back_space() for keeper in keepers)
 
 
 class UnsyncedRenameError(OSError):
