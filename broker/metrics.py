@@ -56,6 +56,7 @@ METRICS = {
     "orderlymq_lock_lease_remaining_seconds": "time until a held queue lock expires unless renewed",
     "orderlymq_group_consumers": "live consumers (heartbeating) per group",
     "orderlymq_transactions_open": "transactions begun and not yet committed or aborted",
+    "orderlymq_transactions_kept_file_bytes": "bytes of finished transactions' staged files kept for reuse",
     "orderlymq_segment_files_open": "segment files open now",
     "orderlymq_segment_files_budget": "segment files kept open at most (half the open-file limit); idle ones close",
 }
@@ -164,6 +165,9 @@ class _StateCollector(Collector):
         open_txns = _gauge("orderlymq_transactions_open", ())
         open_txns.add_metric((), self._state.txns.open_count())
         yield open_txns
+        kept = _gauge("orderlymq_transactions_kept_file_bytes", ())
+        kept.add_metric((), self._state.txns.kept_file_bytes())
+        yield kept
         files = self._state.store.open_files
         for name, value in (("orderlymq_segment_files_open", len(files)),
                             ("orderlymq_segment_files_budget", files.budget)):

@@ -162,6 +162,10 @@ class StagedFiles:
         with contextlib.suppress(FileNotFoundError):
             self._release_path(self._dir / name)
 
+    def pooled_bytes(self) -> int:
+        with self._mutex:
+            return sum(size for _, size in self._pool)
+
     def give_back_space(self) -> int:
         """Delete every pooled file (the disk needs their space); the bytes freed."""
         with self._mutex:
@@ -223,9 +227,7 @@ class StagedFiles:
 
     def _release_path(self, path: Path) -> None:
         size = path.stat().st_size
-        with self._mutex:
-            pooled = sum(each for _, each in self._pool)
-            keep = pooled + size <= self._pool_bytes and size > _HEADER_BYTES
+        keep = self.pooled_bytes() + size <= self._pool_bytes and size > _HEADER_BYTES
         if keep:
             disk = os.statvfs(self._dir)
             keep = disk.f_bavail * disk.f_frsize >= 2 * self._pool_bytes

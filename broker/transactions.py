@@ -373,6 +373,10 @@ class TransactionManager:
         return [(tid, state, idle, left, self._files.size(staged_file_name(tid)))
                 for tid, state, idle, left in sorted(live, key=lambda t: (-t[2], t[0]))]
 
+    def kept_file_bytes(self) -> int:
+        """Bytes of finished transactions' staged files kept to be written over."""
+        return self._files.pooled_bytes()
+
     def committing(self) -> list[str]:
         """Ids left COMMITTING (by a crash between prepare and mark), oldest first."""
         with self._mutex:

@@ -68,6 +68,19 @@ def test_lag_follows_a_consumer_catching_up(broker_factory, topic_name):
     assert lags == [10, 6, 0]
 
 
+def test_the_staged_files_kept_for_reuse_are_counted(broker_factory, topic_name):
+    broker = broker_factory(metrics_port=0)
+    assert value(scrape(broker.metrics_port), "orderlymq_transactions_kept_file_bytes") == 0
+    with BrokerConnection(broker.address) as conn:
+        conn.call("CreateTopic", pb.CreateTopicRequest(topic=topic_name, queue_count=1))
+        conn.call("BeginTxn", pb.BeginTxnRequest(txn_id="t"))
+        send_rows(conn, topic_name, 0, [{"key": "k", "body": b"x" * 10_000}], txn_id="t")
+        conn.call("CommitTxn", pb.CommitTxnRequest(txn_id="t"))
+    kept = list((Path(broker.config.data_dir) / "txns" / "staged").glob("free-*"))
+    assert len(kept) == 1
+    assert value(scrape(broker.metrics_port), "orderlymq_transactions_kept_file_bytes") == kept[0].stat().st_size
+
+
 def test_every_exposed_family_is_documented(broker_factory, topic_name):
     broker = broker_factory(metrics_port=0)
     with BrokerConnection(broker.address) as conn:
