@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.logs import LOG_FORMATS
+from broker.staged_files import POOL_BYTES
 from broker.wire.errors import InvalidOptionError
 from broker.wire.https import is_loopback
 
@@ -167,7 +168,7 @@ class BrokerConfig:
     lock_lease_ms: int = 60_000
     consumer_timeout_ms: int = 30_000
     txn_timeout_ms: int = 60_000
-    txn_stage_pool_bytes: int = 512 * MIB
+    txn_stage_pool_bytes: int = POOL_BYTES
     max_request_bytes: int = 128 * MIB
     max_pull_messages: int = 10_000
     max_pull_bytes: int = 16 * MIB

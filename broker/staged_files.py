@@ -61,8 +61,8 @@ class _Extent:
 
 class StagedFiles:
     """The staged-data files under ``directory``, one per live transaction under a name the
-    manager gives, and the pool of finished ones. Calls for one transaction must be serialised by the caller; calls for
-    different transactions may run in parallel."""
+    manager gives, and the pool of finished ones. Calls for one transaction must be serialised by
+    the caller; calls for different transactions may run in parallel."""
 
     def __init__(self, directory: Path, fsync: bool, pool_bytes: int) -> None:
         self._dir = directory
@@ -110,13 +110,13 @@ class StagedFiles:
         for part in parts:
             length += len(part)
             crc = crc32c.crc32c(part, crc)
-        data = [header, FRAME_HEADER.pack(length, crc), *parts] if header else [FRAME_HEADER.pack(length, crc), *parts]
+        data = [header, FRAME_HEADER.pack(length, crc), *parts]  # an empty header writes nothing
+        size = len(header) + FRAME_HEADER.size + length
         position = extent.end - len(header)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
         try:
             try:
-                written = os.pwritev(fd, data, position)
-                if written != len(header) + FRAME_HEADER.size + length:
+                if os.pwritev(fd, data, position) != size:
                     raise OSError(errno.ENOSPC, f"short write to {path}")
                 if self._fsync:
                     os.fsync(fd)
@@ -128,8 +128,7 @@ class StagedFiles:
         finally:
             os.close(fd)
         with self._mutex:
-            self._extents[name] = _Extent(extent.start, position + len(header) + FRAME_HEADER.size + length,
-                                          extent.seed)
+            self._extents[name] = _Extent(extent.start, position + size, extent.seed)
 
     def frames(self, name: str) -> tuple[list[memoryview], int | None]:
         """The bodies of the file's frames, in order, as views of the file mapped into memory (a
