@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
+import connector  # noqa: F401 - first: gRPC's poll strategy is set before any test module imports grpc
 from spark_jobs.session import prepare_environment
 
 prepare_environment()  # as every job: loopback, this interpreter, and conf/ as SPARK_CONF_DIR
