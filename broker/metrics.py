@@ -26,7 +26,7 @@ from prometheus_client import (
     disable_created_metrics,
     make_wsgi_app,
 )
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from broker.security.guard import AccessGuard
@@ -59,6 +59,7 @@ METRICS = {
     "orderlymq_transactions_kept_file_bytes": "bytes of finished transactions' staged files kept for reuse",
     "orderlymq_segment_files_open": "segment files open now",
     "orderlymq_segment_files_budget": "segment files kept open at most (half the open-file limit); idle ones close",
+    "orderlymq_page_cache_dropped_bytes_total": "bytes of log on disk dropped from the page cache (page_cache_bytes)",
 }
 
 
@@ -174,6 +175,10 @@ class _StateCollector(Collector):
             gauge = _gauge(name, ())
             gauge.add_metric((), value)
             yield gauge
+        window = self._state.store.page_cache
+        if window is not None:
+            name = "orderlymq_page_cache_dropped_bytes_total"
+            yield CounterMetricFamily(name.removesuffix("_total"), METRICS[name], value=window.dropped_bytes)
 
     def _queue_logs(self):
         store = self._state.store

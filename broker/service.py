@@ -78,6 +78,7 @@ class BrokerService:
             segment_bytes=config.segment_bytes,
             index_interval_bytes=config.index_interval_bytes,
             sync=config.flush == "sync",
+            page_cache_bytes=config.page_cache_bytes,
         )
         self.offsets = OffsetStore(data / "offsets.json")
         self.locks = LockManager(data / "lock-epochs.json", lease_ms=config.lock_lease_ms)
@@ -510,6 +511,7 @@ class BrokerService:
             elapsed += interval
             try:
                 self.store.flush()
+                self.store.trim_page_cache()
                 if self.cluster is None or self.cluster.role == "MASTER":  # a slave replays its master's aborts
                     self._expire_transactions()
                 if elapsed >= next_retention:

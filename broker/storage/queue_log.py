@@ -32,6 +32,7 @@ from broker.storage import compaction
 from broker.storage.arrivals import Arrivals
 from broker.storage.lost_writes import LostWrites
 from broker.storage.open_files import OpenFiles
+from broker.storage.page_cache import PageCacheWindow
 from broker.storage.record import (
     HEADER,
     Body,
@@ -92,10 +93,12 @@ class QueueLog:
         data_dir: Path | None = None,
         lost_writes: LostWrites | None = None,
         open_files: OpenFiles | None = None,
+        page_cache: PageCacheWindow | None = None,
     ) -> None:
         self.directory = directory
         self.lost_writes = lost_writes or LostWrites()  # shared by the queues of a store
         self.open_files = open_files  # the store's budget of open segment files; None: no bound
+        self.page_cache = page_cache  # the store's log kept in the page cache; None: the kernel decides
         self.data_dir = data_dir if data_dir is not None else directory
         self.segment_bytes = segment_bytes
         self.index_interval_bytes = index_interval_bytes
@@ -163,7 +166,7 @@ class QueueLog:
 
     def _segment(self, base_offset: int, path: Path | None = None) -> Segment:
         path = self.directory / Segment.file_name(base_offset) if path is None else path
-        return Segment(path, base_offset, self.index_interval_bytes, self.open_files)
+        return Segment(path, base_offset, self.index_interval_bytes, self.open_files, self.page_cache)
 
     def _report_cut(self, report: CutReport, lost_until: int) -> None:
         self.cut_reports.append(report)

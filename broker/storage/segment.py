@@ -27,6 +27,7 @@ from pathlib import Path
 
 from broker.persist import fsync_dir
 from broker.storage.open_files import OpenFiles
+from broker.storage.page_cache import PageCacheWindow
 from broker.storage.record import HEADER, RecordHeader, parse_header, verify
 from broker.wire import codec
 from broker.wire.errors import DamagedRecordError
@@ -62,9 +63,10 @@ class Segment:
     the owning ``QueueLog`` serialises appends; reads use ``os.pread`` and may run concurrently."""
 
     def __init__(self, path: Path, base_offset: int, index_interval_bytes: int,
-                 open_files: OpenFiles | None = None) -> None:
+                 open_files: OpenFiles | None = None, page_cache: PageCacheWindow | None = None) -> None:
         self.path = path
         self._open_files = open_files  # None: the file stays open once opened
+        self._page_cache = page_cache  # told what each fsync made durable; None: pages left to the kernel
         self.base_offset = base_offset
         self.next_offset = base_offset
         self.size = 0
@@ -217,7 +219,16 @@ class Segment:
         if self._new_file:
             fsync_dir(self.path.parent)
             self._new_file = False
+        if self._page_cache is not None:
+            self._page_cache.durable(self, self.synced_size, size)
         self.synced_size = size
+
+    def drop_cached(self, position: int, length: int) -> None:
+        """Let the kernel drop these bytes of the file, on disk by now, from its page cache
+        (``broker.storage.page_cache``); nothing when the segment is gone."""
+        with contextlib.suppress(OSError):  # SegmentClosedError: retention or a delete removed it
+            with self._opened() as fd:
+                os.posix_fadvise(fd, position, length, os.POSIX_FADV_DONTNEED)
 
     def drop_unsynced(self) -> None:
         """After a failed fsync (``broker.storage.lost_writes``): cut the file back to what the last

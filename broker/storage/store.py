@@ -36,6 +36,7 @@ from broker.persist import (
 from broker.storage.end_watch import EndWatch
 from broker.storage.lost_writes import LostWrites
 from broker.storage.open_files import OpenFiles, budget_for_limit
+from broker.storage.page_cache import PageCacheWindow
 from broker.storage.queue_log import QueueLog
 from broker.storage.segment import CutReport
 from broker.wire import codec
@@ -70,6 +71,7 @@ class Store:
         sync: bool = False,
         clock: Callable[[], int] = codec.now_ms,
         open_files_budget: int | None = None,
+        page_cache_bytes: int = 0,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.segment_bytes = segment_bytes
@@ -86,6 +88,7 @@ class Store:
         self.lost_writes = LostWrites()  # a failed flush: nothing more is stored
         budget = budget_for_limit() if open_files_budget is None else open_files_budget
         self.open_files = OpenFiles(budget, self.lost_writes)
+        self.page_cache = PageCacheWindow(page_cache_bytes) if page_cache_bytes else None
         self._secured = False  # every queue fsynced or cut back after lost writes
         for trash in self.data_dir.glob(".deleted-*"):  # deletes a crash interrupted, already committed
             shutil.rmtree(trash, ignore_errors=True)
@@ -108,6 +111,7 @@ class Store:
             data_dir=self.data_dir,
             lost_writes=self.lost_writes,
             open_files=self.open_files,
+            page_cache=self.page_cache,
         )
         if self._holding_back:
             queue.hold_back()
@@ -296,6 +300,11 @@ class Store:
         for q in list(self._queues.values()):
             q.secure()
         self._secured = True
+
+    def trim_page_cache(self) -> None:
+        """Drop the log beyond ``page_cache_bytes`` from the page cache (``broker.storage.page_cache``)."""
+        if self.page_cache is not None:
+            self.page_cache.trim()
 
     def apply_retention(self, retention_ms: int, retention_bytes: int) -> int:
         return sum(q.apply_retention(retention_ms, retention_bytes) for q in list(self._queues.values()))

@@ -81,6 +81,20 @@ def test_the_staged_files_kept_for_reuse_are_counted(broker_factory, topic_name)
     assert value(scrape(broker.metrics_port), "orderlymq_transactions_kept_file_bytes") == kept[0].stat().st_size
 
 
+def test_log_dropped_from_the_page_cache_is_counted(broker_factory, topic_name):
+    mib = 1 << 20
+    broker = broker_factory(metrics_port=0, page_cache_bytes=mib, flush_interval_ms=50)
+    with BrokerConnection(broker.address) as conn:
+        conn.call("CreateTopic", pb.CreateTopicRequest(topic=topic_name, queue_count=1))
+        for _ in range(6):  # 6 MiB and a little more: 6 whole chunks, one within the window
+            send_rows(conn, topic_name, 0, [{"key": "k", "body": b"x" * 1024}] * 1024)
+
+    def dropped() -> float:
+        return value(scrape(broker.metrics_port), "orderlymq_page_cache_dropped_bytes_total")
+
+    assert wait_until(lambda: dropped() == 5 * mib, timeout=30), dropped()
+
+
 def test_every_exposed_family_is_documented(broker_factory, topic_name):
     broker = broker_factory(metrics_port=0)
     with BrokerConnection(broker.address) as conn:
