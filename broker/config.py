@@ -17,7 +17,7 @@ from typing import Any
 
 from broker.logs import LOG_FORMATS
 from broker.staged_files import POOL_BYTES
-from broker.storage.page_cache import DEFAULT_BYTES as PAGE_CACHE_BYTES
+from broker.storage.page_cache import AUTO as PAGE_CACHE_AUTO
 from broker.wire.errors import InvalidOptionError
 from broker.wire.https import is_loopback
 
@@ -60,7 +60,8 @@ class BrokerConfig:
         How much of the log written last (all queues) is left in the OS page cache once on disk;
         older log is dropped from it, and new appends reuse its memory (``broker.storage.page_cache``:
         on virtual machines that return free memory to their host, far cheaper than new pages).
-        0 leaves the page cache to the kernel.
+        -1: 1 GiB on such a machine (a virtio balloon reporting free pages), else none; 0: none,
+        the page cache is left to the kernel.
     retention_ms, retention_bytes : int
         Delete whole segments older than this / beyond this size per queue; 0 keeps forever / unlimited.
     retention_check_interval_ms : int
@@ -167,7 +168,7 @@ class BrokerConfig:
     flush_interval_ms: int = 200
     segment_bytes: int = 64 * MIB
     index_interval_bytes: int = 4 * KIB
-    page_cache_bytes: int = PAGE_CACHE_BYTES
+    page_cache_bytes: int = PAGE_CACHE_AUTO
     retention_ms: int = 7 * 24 * 3600 * 1000
     retention_bytes: int = 0
     retention_check_interval_ms: int = 60_000
@@ -327,7 +328,7 @@ _INT_RANGES: dict[str, tuple[int, int | None, str]] = {
     "flush_interval_ms": (1, None, "milliseconds"),
     "segment_bytes": (1, _INT32_MAX, "bytes"),
     "index_interval_bytes": (1, _INT32_MAX, "bytes"),
-    "page_cache_bytes": (0, None, "bytes, 0 leaves the page cache to the kernel"),
+    "page_cache_bytes": (-1, None, "bytes, -1 decides by the machine, 0 leaves the page cache to the kernel"),
     "retention_ms": (0, None, "milliseconds, 0 keeps messages forever"),
     "retention_bytes": (0, None, "bytes per queue, 0 is unlimited"),
     "retention_check_interval_ms": (1, None, "milliseconds"),

@@ -32,6 +32,7 @@ from broker.metrics import BrokerMetrics
 from broker.offsets import OffsetStore
 from broker.proto import orderlymq_pb2 as pb
 from broker.storage import Store
+from broker.storage.page_cache import window_bytes
 from broker.storage.queue_log import QueueLog
 from broker.transactions import TransactionManager, prepare_change
 from broker.wire import codec
@@ -78,8 +79,11 @@ class BrokerService:
             segment_bytes=config.segment_bytes,
             index_interval_bytes=config.index_interval_bytes,
             sync=config.flush == "sync",
-            page_cache_bytes=config.page_cache_bytes,
+            page_cache_bytes=window_bytes(config.page_cache_bytes),
         )
+        if self.store.page_cache is not None:
+            log.info("the last %d MiB of log written stay in the page cache, older log is dropped from it "
+                     "(page_cache_bytes)", self.store.page_cache.budget_chunks)
         self.offsets = OffsetStore(data / "offsets.json")
         self.locks = LockManager(data / "lock-epochs.json", lease_ms=config.lock_lease_ms)
         self.members = Membership(timeout_ms=config.consumer_timeout_ms)

@@ -7,26 +7,55 @@ that hands free memory back to its host (free page reporting, balloon drivers) t
 such a page faults into the host: measured on one, appending 1 GiB took 1.2-1.5 s of system time
 into pages never used, against 0.2 s into pages freed a moment before.
 
-So the broker leaves the last ``page_cache_bytes`` of log written (across all queues, in chunks of
-1 MiB) in the page cache, and asks the kernel to drop older chunks once they are on disk
-(``posix_fadvise(POSIX_FADV_DONTNEED)``): new appends reuse the memory they held. Readers at the
-tail still read from memory; one further behind reads from disk, as it would on a machine with
-less memory. A segment's last chunk, if partial, is left to the kernel. 0 leaves every page to it.
+So on such a machine the broker leaves the last ``page_cache_bytes`` of log written (across all
+queues, in chunks of 1 MiB) in the page cache, and asks the kernel to drop older chunks once they
+are on disk (``posix_fadvise(POSIX_FADV_DONTNEED)``): new appends reuse the memory they held.
+Readers at the tail still read from memory; one further behind reads from disk, as it would on a
+machine with less memory. A segment's last chunk, if partial, is left to the kernel. Elsewhere a
+new page costs no more than a reused one, and keeping old log cached only helps readers, so the
+default (-1) keeps a window only where a virtio memory balloon reports free pages to its host;
+0 leaves every page to the kernel.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import deque
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from broker.storage.segment import Segment
 
-__all__ = ["CHUNK_BYTES", "DEFAULT_BYTES", "PageCacheWindow"]
+__all__ = ["AUTO", "CHUNK_BYTES", "PageCacheWindow", "reports_free_pages", "window_bytes"]
 
 CHUNK_BYTES = 1 << 20
-DEFAULT_BYTES = 1 << 30
+AUTO = -1  # the setting's default: WINDOW_BYTES where free pages are reported to a host, else none
+WINDOW_BYTES = 1 << 30
+_VIRTIO_DEVICES = Path("/sys/bus/virtio/devices")
+_BALLOON = "0x0005"  # virtio device id of a memory balloon
+_REPORTING = 5  # its feature bit VIRTIO_BALLOON_F_REPORTING
+
+
+def reports_free_pages(devices: Path = _VIRTIO_DEVICES) -> bool:
+    """Whether a virtio memory balloon here reports free pages to the host (then the host takes
+    them back, and the next write to one faults into it)."""
+    for device in devices.glob("*"):
+        try:
+            if (device / "device").read_text().strip() == _BALLOON:
+                features = (device / "features").read_text().strip()  # one character per bit, bit 0 first
+                if features[_REPORTING:_REPORTING + 1] == "1":
+                    return True
+        except OSError:
+            continue
+    return False
+
+
+def window_bytes(setting: int) -> int:
+    """The window ``page_cache_bytes`` asks for (``AUTO`` resolved on this machine); 0 is none."""
+    if setting == AUTO:
+        return WINDOW_BYTES if reports_free_pages() else 0
+    return setting
 
 
 class PageCacheWindow:
@@ -35,7 +64,7 @@ class PageCacheWindow:
 
     def __init__(self, budget_bytes: int) -> None:
         self.budget_chunks = budget_bytes // CHUNK_BYTES
-        self.dropped_bytes = 0  # in total, for the metrics
+        self.dropped_bytes = 0  # in total, for the metrics (only trim changes it)
         self._chunks: deque[tuple[Segment, int]] = deque()
         self._lock = threading.Lock()
 
@@ -48,11 +77,11 @@ class PageCacheWindow:
                 self._chunks.extend((segment, index) for index in range(first, end))
 
     def trim(self) -> int:
-        """Drop the oldest chunks beyond the budget from the page cache; how many."""
+        """Drop the oldest chunks beyond the budget from the page cache; how many were (a
+        removed segment's are not)."""
         with self._lock:
             excess = len(self._chunks) - self.budget_chunks
             oldest = [self._chunks.popleft() for _ in range(excess)]
-        for segment, index in oldest:
-            segment.drop_cached(index * CHUNK_BYTES, CHUNK_BYTES)
-        self.dropped_bytes += len(oldest) * CHUNK_BYTES
-        return len(oldest)
+        dropped = sum(segment.drop_cached(index * CHUNK_BYTES, CHUNK_BYTES) for segment, index in oldest)
+        self.dropped_bytes += dropped * CHUNK_BYTES
+        return dropped

@@ -223,12 +223,15 @@ class Segment:
             self._page_cache.durable(self, self.synced_size, size)
         self.synced_size = size
 
-    def drop_cached(self, position: int, length: int) -> None:
+    def drop_cached(self, position: int, length: int) -> bool:
         """Let the kernel drop these bytes of the file, on disk by now, from its page cache
-        (``broker.storage.page_cache``); nothing when the segment is gone."""
-        with contextlib.suppress(OSError):  # SegmentClosedError: retention or a delete removed it
+        (``broker.storage.page_cache``); False when the segment is gone."""
+        try:
             with self._opened() as fd:
                 os.posix_fadvise(fd, position, length, os.POSIX_FADV_DONTNEED)
+        except OSError:  # SegmentClosedError: retention, a truncation or a delete removed it
+            return False
+        return True
 
     def drop_unsynced(self) -> None:
         """After a failed fsync (``broker.storage.lost_writes``): cut the file back to what the last

@@ -8,6 +8,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from broker.storage.page_cache import reports_free_pages, window_bytes
 from connector.client.connection import BrokerConnection, pb
 from connector.history import check_keyed
 from tests.faults.brokers import broker_process
@@ -86,3 +87,22 @@ def test_with_no_window_the_kernel_keeps_the_log_cached(tmp_path, topic_name):
             assert verdict.ok and verdict.duplicated == 0, verdict
     finally:
         broker.stop()
+
+
+def _virtio_device(devices: Path, name: str, device_id: str, features: str) -> None:
+    (devices / name).mkdir(parents=True)
+    (devices / name / "device").write_text(device_id + "\n")
+    (devices / name / "features").write_text(features + "\n")
+
+
+def test_the_default_window_is_kept_where_a_balloon_reports_free_pages(tmp_path):
+    """What ``page_cache_bytes = -1`` reads: a virtio balloon (device 0x0005) with feature bit 5
+    (free page reporting) set; the bits of this machine's balloon and of one without reporting."""
+    reporting, plain, none = tmp_path / "reporting", tmp_path / "plain", tmp_path / "none"
+    _virtio_device(reporting, "virtio0", "0x0005", "0110010100000000000000000000000010" + "0" * 94)
+    _virtio_device(reporting, "virtio1", "0x0002", "0010001001100100000000000000000100" + "0" * 94)
+    _virtio_device(plain, "virtio0", "0x0005", "0110000100000000000000000000000010" + "0" * 94)
+    _virtio_device(none, "virtio0", "0x0001", "1100010110111011000000000000000100" + "0" * 94)
+    assert [reports_free_pages(devices) for devices in (reporting, plain, none, tmp_path / "absent")] == \
+        [True, False, False, False]
+    assert window_bytes(0) == 0 and window_bytes(4 * MIB) == 4 * MIB
