@@ -464,17 +464,23 @@ class Segment:
         """Yield ``(producer_hash, sequence, header)`` of records with a producer, in order: those
         compaction merged (kept aside), then those whose headers carry them."""
         yield from self._kept_producers()
+        for header in self.headers():
+            if header.producer_hash:
+                yield header.producer_hash, header.sequence, header
+
+    def headers(self, limit: int | None = None) -> Iterator[RecordHeader]:
+        """The headers of the first ``limit`` records (all by default), read without their bodies;
+        up to a bad header."""
         if not self.size:
             return  # nothing to read, maybe no file
         with self._opened() as fd:
-            position = 0
-            while position < self.size:
-                raw = os.pread(fd, HEADER.size, position)
-                header = parse_header(raw)
+            position = seen = 0
+            while position < self.size and (limit is None or seen < limit):
+                header = parse_header(os.pread(fd, HEADER.size, position))
                 if header is None:
                     return
-                if header.producer_hash:
-                    yield header.producer_hash, header.sequence, header
+                yield header
+                seen += 1
                 position += header.size
 
     def delete(self) -> None:

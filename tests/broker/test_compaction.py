@@ -4,6 +4,7 @@ timestamp; recovery and idempotent resends are unchanged; a broker does it in th
 
 from __future__ import annotations
 
+import subprocess
 import threading
 import time
 
@@ -188,3 +189,29 @@ def test_a_merged_file_that_cannot_take_the_place_of_its_segment_leaves_it_reada
     with pytest.raises(FileNotFoundError):
         queue._swap(queue.segments[0], tmp_path / "no-such-merged-file")
     assert _everything(queue).equals(before)
+
+
+def test_a_segment_of_batches_is_examined_by_its_headers_alone(tmp_path):
+    """Deciding whether a closed segment is worth merging reads its first records' headers, not
+    their bodies: a segment of batches of 1,000 messages keeps out of the page cache (it used to be
+    read whole, up to 64 records), and stays as it was."""
+    queue = QueueLog(tmp_path / "t" / "0", segment_bytes=2 << 20, index_interval_bytes=4096, sync=False)
+    batch = codec.encode(codec.messages_to_batch([{"key": "k", "body": b"x" * 100} for _ in range(1000)]))
+    while len(queue.segments) < 2:
+        queue.append(batch, 1000)
+    queue.flush()
+    closed = queue.segments[0]
+    assert closed.drop_cached(0, closed.size)
+    assert _resident(closed.path) == 0
+    before = closed.path.read_bytes()
+    assert _resident(closed.path) > 0  # the test reads it: it was cached again
+    closed.drop_cached(0, closed.size)
+    assert queue.compact() == 0
+    assert _resident(closed.path) <= 64 * 4096  # a page per header at most
+    assert queue.segments[0].path.read_bytes() == before
+
+
+def _resident(path) -> int:
+    out = subprocess.run(["fincore", "--bytes", "--noheadings", "--raw", "--output", "RES", str(path)],
+                         check=True, capture_output=True, text=True).stdout
+    return int(out)
