@@ -515,7 +515,6 @@ class BrokerService:
             elapsed += interval
             try:
                 self.store.flush()
-                self.store.trim_page_cache()
                 if self.cluster is None or self.cluster.role == "MASTER":  # a slave replays its master's aborts
                     self._expire_transactions()
                 if elapsed >= next_retention:

@@ -8,8 +8,10 @@ such a page faults into the host: measured on one, appending 1 GiB took 1.2-1.5 
 into pages never used, against 0.2 s into pages freed a moment before.
 
 So on such a machine the broker leaves the last ``page_cache_bytes`` of log written (across all
-queues, in chunks of 1 MiB) in the page cache, and asks the kernel to drop older chunks once they
-are on disk (``posix_fadvise(POSIX_FADV_DONTNEED)``): new appends reuse the memory they held.
+queues, in chunks of 1 MiB) in the page cache: before each append, as many bytes of the oldest log
+beyond that, on disk by then, are dropped from it (``posix_fadvise(POSIX_FADV_DONTNEED)``), and
+the append takes the pages just freed. Dropped ahead of need, they would be back with the host a
+few seconds later.
 Readers at the tail still read from memory; one further behind reads from disk, as it would on a
 machine with less memory. A segment's last chunk, if partial, is left to the kernel. Elsewhere a
 new page costs no more than a reused one, and keeping old log cached only helps readers, so the
@@ -32,6 +34,7 @@ __all__ = ["AUTO", "CHUNK_BYTES", "PageCacheWindow", "reports_free_pages", "wind
 CHUNK_BYTES = 1 << 20
 AUTO = -1  # the setting's default: WINDOW_BYTES where free pages are reported to a host, else none
 WINDOW_BYTES = 1 << 30
+_MAX_OWED = 64 * CHUNK_BYTES  # dropped by one append at most: a flush makes chunks durable in bursts
 _VIRTIO_DEVICES = Path("/sys/bus/virtio/devices")
 _BALLOON = "0x0005"  # virtio device id of a memory balloon
 _REPORTING = 5  # its feature bit VIRTIO_BALLOON_F_REPORTING
@@ -59,13 +62,14 @@ def window_bytes(setting: int) -> int:
 
 
 class PageCacheWindow:
-    """The chunks of log made durable most recently, oldest first; ``trim`` drops those beyond
-    the budget from the page cache."""
+    """The chunks of log made durable most recently, oldest first; each append first drops as many
+    bytes of the oldest chunks beyond the budget from the page cache (``make_room``)."""
 
     def __init__(self, budget_bytes: int) -> None:
         self.budget_chunks = budget_bytes // CHUNK_BYTES
-        self.dropped_bytes = 0  # in total, for the metrics (only trim changes it)
+        self.dropped_bytes = 0  # in total, for the metrics
         self._chunks: deque[tuple[Segment, int]] = deque()
+        self._owed = 0  # bytes appended and not yet matched by chunks dropped
         self._lock = threading.Lock()
 
     def durable(self, segment: Segment, before: int, now: int) -> None:
@@ -76,12 +80,18 @@ class PageCacheWindow:
             with self._lock:
                 self._chunks.extend((segment, index) for index in range(first, end))
 
-    def trim(self) -> int:
-        """Drop the oldest chunks beyond the budget from the page cache; how many were (a
+    def make_room(self, nbytes: int) -> int:
+        """Before ``nbytes`` are appended: drop as many bytes of the oldest chunks beyond the budget
+        (what earlier appends left owed too, up to ``_MAX_OWED``); how many chunks were dropped (a
         removed segment's are not)."""
         with self._lock:
-            excess = len(self._chunks) - self.budget_chunks
-            oldest = [self._chunks.popleft() for _ in range(excess)]
+            self._owed = min(self._owed + nbytes, _MAX_OWED)
+            count = min(self._owed // CHUNK_BYTES, len(self._chunks) - self.budget_chunks)
+            if count <= 0:
+                return 0
+            oldest = [self._chunks.popleft() for _ in range(count)]
+            self._owed -= count * CHUNK_BYTES
         dropped = sum(segment.drop_cached(index * CHUNK_BYTES, CHUNK_BYTES) for segment, index in oldest)
-        self.dropped_bytes += dropped * CHUNK_BYTES
+        with self._lock:
+            self.dropped_bytes += dropped * CHUNK_BYTES
         return dropped

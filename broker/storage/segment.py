@@ -172,6 +172,8 @@ class Segment:
             segment is as before, so the next append writes at the same place.
         """
         position = self.size
+        if self._page_cache is not None:
+            self._page_cache.make_room(header.size)
         fd = self._acquire(create=True)
         try:  # held until counted: a file closed before its fsync could lose the write's error
             try:
@@ -225,12 +227,19 @@ class Segment:
 
     def drop_cached(self, position: int, length: int) -> bool:
         """Let the kernel drop these bytes of the file, on disk by now, from its page cache
-        (``broker.storage.page_cache``); False when the segment is gone."""
+        (``broker.storage.page_cache``). Not done (False) when the segment is gone, or its file
+        closed for room: reopening it would be work on another queue's append path."""
+        with self._open_lock:
+            if self._closed or self._fd is None:
+                return False
+            self._users += 1
+            fd = self._fd
         try:
-            with self._opened() as fd:
-                os.posix_fadvise(fd, position, length, os.POSIX_FADV_DONTNEED)
-        except OSError:  # SegmentClosedError: retention, a truncation or a delete removed it
+            os.posix_fadvise(fd, position, length, os.POSIX_FADV_DONTNEED)
+        except OSError:
             return False
+        finally:
+            self._release()
         return True
 
     def drop_unsynced(self) -> None:

@@ -301,11 +301,6 @@ class Store:
             q.secure()
         self._secured = True
 
-    def trim_page_cache(self) -> None:
-        """Drop the log beyond ``page_cache_bytes`` from the page cache (``broker.storage.page_cache``)."""
-        if self.page_cache is not None:
-            self.page_cache.trim()
-
     def apply_retention(self, retention_ms: int, retention_bytes: int) -> int:
         return sum(q.apply_retention(retention_ms, retention_bytes) for q in list(self._queues.values()))
 

@@ -19,8 +19,9 @@ QUEUES, KEYS, ROUNDS = 2, 8, 3_000  # 24,000 messages of about 1 KiB: 12 MiB per
 PADDING = b"|" + b"x" * 1_000
 
 
-def _resident_bytes(data_dir: Path) -> int:
-    files = [str(path) for path in sorted(data_dir.glob("topics/*/*/*.log"))]
+def _resident_bytes(logs: Path) -> int:
+    """Bytes of the queue logs under ``logs`` (a topic's directory) in the page cache."""
+    files = [str(path) for path in sorted(logs.glob("*/*.log"))]
     out = subprocess.run(["fincore", "--bytes", "--noheadings", "--raw", "--output", "RES", *files],
                          check=True, capture_output=True, text=True).stdout
     return sum(int(line) for line in out.split())
@@ -41,25 +42,35 @@ def _stored(conn: BrokerConnection, topic: str) -> list[tuple[str, int]]:
     return [(key, int(seq)) for key, seq in (body.rsplit(":", 1) for body in bodies)]
 
 
-def _written(data_dir: Path) -> int:
-    return sum(path.stat().st_size for path in data_dir.glob("topics/*/*/*.log"))
+def _written(logs: Path) -> int:
+    return sum(path.stat().st_size for path in logs.glob("*/*.log"))
 
 
 def test_log_older_than_the_window_leaves_the_page_cache_and_still_reads_back(tmp_path, topic_name):
     """A 4 MiB window over 24 MiB of log in 4 MiB segments (2 queues, 6 files): what stays cached
     is at most the window, the unflushed tail and each file's last partial chunk; every key reads
-    back complete and in order, and again after a restart."""
+    back complete and in order, and again after a restart. Old log is dropped as new log is
+    written (its pages are then reused at once), so the wait writes a message to another topic at
+    each look."""
     data = tmp_path / "data"
-    broker = broker_process(data, page_cache_bytes=4 * MIB, segment_bytes=4 * MIB, flush_interval_ms=50).start()
+    broker = broker_process(data / "broker", page_cache_bytes=4 * MIB, segment_bytes=4 * MIB,
+                            flush_interval_ms=50).start()
     try:
         with BrokerConnection(broker.address) as conn:
             conn.call("CreateTopic", pb.CreateTopicRequest(topic=topic_name, queue_count=QUEUES))
             sent = _send_keyed(conn, topic_name)
-            written = _written(data)
-            files = len(list(data.glob("topics/*/*/*.log")))
+            logs = data / "broker" / "topics" / topic_name
+            written = _written(logs)
+            files = len(list(logs.glob("*/*.log")))
             assert written > 20 * MIB and files == 6
-            assert wait_until(lambda: _resident_bytes(data) <= (4 + files) * MIB, timeout=30), \
-                f"{_resident_bytes(data)} of {written} bytes still cached"
+            conn.call("CreateTopic", pb.CreateTopicRequest(topic="nudges", queue_count=1))
+
+            def mostly_dropped() -> bool:
+                send_rows(conn, "nudges", 0, [{"key": "n", "body": b"x"}])
+                return _resident_bytes(logs) <= (4 + files) * MIB
+
+            assert wait_until(mostly_dropped, timeout=30, interval=0.1), \
+                f"{_resident_bytes(logs)} of {written} bytes still cached"
             verdict = check_keyed(sent, _stored(conn, topic_name))  # read from disk
             assert verdict.ok and verdict.duplicated == 0, verdict
         broker.stop()
@@ -81,8 +92,11 @@ def test_with_no_window_the_kernel_keeps_the_log_cached(tmp_path, topic_name):
             conn.call("CreateTopic", pb.CreateTopicRequest(topic=topic_name, queue_count=QUEUES))
             sent = _send_keyed(conn, topic_name)
             time.sleep(0.5)  # ten flushes: a window wrongly kept would have dropped by now
-            written = _written(data)
-            assert _resident_bytes(data) >= written * 0.9
+            conn.call("CreateTopic", pb.CreateTopicRequest(topic="nudges", queue_count=1))
+            send_rows(conn, "nudges", 0, [{"key": "n", "body": b"x" * 1000}] * 1000)
+            logs = data / "topics" / topic_name
+            written = _written(logs)
+            assert _resident_bytes(logs) >= written * 0.9
             verdict = check_keyed(sent, _stored(conn, topic_name))
             assert verdict.ok and verdict.duplicated == 0, verdict
     finally:
