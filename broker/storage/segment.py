@@ -190,7 +190,7 @@ class Segment:
                 raise
             self._track(header, position)
             if sync:
-                self.synced_size = self.size
+                self._now_durable(self.size)
         finally:
             self._release()
 
@@ -221,6 +221,10 @@ class Segment:
         if self._new_file:
             fsync_dir(self.path.parent)
             self._new_file = False
+        self._now_durable(size)
+
+    def _now_durable(self, size: int) -> None:
+        """The file's first ``size`` bytes are on disk (the page cache's window is told)."""
         if self._page_cache is not None:
             self._page_cache.durable(self, self.synced_size, size)
         self.synced_size = size

@@ -8,6 +8,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from broker.storage.page_cache import reports_free_pages, window_bytes
 from connector.client.connection import BrokerConnection, pb
 from connector.history import check_keyed
@@ -46,7 +48,8 @@ def _written(logs: Path) -> int:
     return sum(path.stat().st_size for path in logs.glob("*/*.log"))
 
 
-def test_log_older_than_the_window_leaves_the_page_cache_and_still_reads_back(tmp_path, topic_name):
+@pytest.mark.parametrize("flush", ["async", "sync"])
+def test_log_older_than_the_window_leaves_the_page_cache_and_still_reads_back(tmp_path, topic_name, flush):
     """A 4 MiB window over 24 MiB of log in 4 MiB segments (2 queues, 6 files): what stays cached
     is at most the window, the unflushed tail and each file's last partial chunk; every key reads
     back complete and in order, and again after a restart. Old log is dropped as new log is
@@ -54,7 +57,7 @@ def test_log_older_than_the_window_leaves_the_page_cache_and_still_reads_back(tm
     each look."""
     data = tmp_path / "data"
     broker = broker_process(data / "broker", page_cache_bytes=4 * MIB, segment_bytes=4 * MIB,
-                            flush_interval_ms=50).start()
+                            flush=flush, flush_interval_ms=50).start()
     try:
         with BrokerConnection(broker.address) as conn:
             conn.call("CreateTopic", pb.CreateTopicRequest(topic=topic_name, queue_count=QUEUES))
