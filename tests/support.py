@@ -7,7 +7,7 @@ import subprocess
 import tarfile
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TypeVar
 
@@ -155,3 +155,11 @@ def served_calls(broker, method: str) -> float:
 def port_calls(metrics_port: int, method: str) -> float:
     """How many ``method`` calls (``SendPort``, ``PullPort``: the lean port's) a broker answered."""
     return value(scrape(metrics_port), "orderlymq_rpc_duration_seconds_count", method=method)
+
+
+def resident_bytes(paths: Iterable[Path]) -> int:
+    """Bytes of ``paths`` in the OS page cache (util-linux's ``fincore``)."""
+    names = [str(path) for path in paths]
+    out = subprocess.run(["fincore", "--bytes", "--noheadings", "--raw", "--output", "RES", *names],
+                         check=True, capture_output=True, text=True).stdout
+    return sum(int(line) for line in out.split())

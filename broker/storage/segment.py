@@ -66,7 +66,7 @@ class Segment:
                  open_files: OpenFiles | None = None, page_cache: PageCacheWindow | None = None) -> None:
         self.path = path
         self._open_files = open_files  # None: the file stays open once opened
-        self._page_cache = page_cache  # told what each fsync made durable; None: pages left to the kernel
+        self._page_cache = page_cache  # asked for room before each append, told what fsyncs made durable
         self.base_offset = base_offset
         self.next_offset = base_offset
         self.size = 0

@@ -4,7 +4,6 @@ timestamp; recovery and idempotent resends are unchanged; a broker does it in th
 
 from __future__ import annotations
 
-import subprocess
 import threading
 import time
 
@@ -19,6 +18,7 @@ from connector.client import Admin, Producer
 from connector.client.connection import BrokerConnection
 from connector.history import History
 from tests.faults.workload import body, parse_body, stored_deliveries
+from tests.support import resident_bytes
 
 SEGMENT_BYTES = 16 * 1024
 
@@ -202,16 +202,10 @@ def test_a_segment_of_batches_is_examined_by_its_headers_alone(tmp_path):
     queue.flush()
     closed = queue.segments[0]
     assert closed.drop_cached(0, closed.size)
-    assert _resident(closed.path) == 0
+    assert resident_bytes([closed.path]) == 0
     before = closed.path.read_bytes()
-    assert _resident(closed.path) > 0  # the test reads it: it was cached again
+    assert resident_bytes([closed.path]) > 0  # the test reads it: it was cached again
     closed.drop_cached(0, closed.size)
     assert queue.compact() == 0
-    assert _resident(closed.path) <= 64 * 4096  # a page per header at most
+    assert resident_bytes([closed.path]) <= 64 * 4096  # a page per header at most
     assert queue.segments[0].path.read_bytes() == before
-
-
-def _resident(path) -> int:
-    out = subprocess.run(["fincore", "--bytes", "--noheadings", "--raw", "--output", "RES", str(path)],
-                         check=True, capture_output=True, text=True).stdout
-    return int(out)

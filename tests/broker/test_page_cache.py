@@ -1,10 +1,9 @@
 """The broker leaves only the log written last in the page cache (``broker.storage.page_cache``):
 older log, once on disk, is dropped from it, reads back whole and in order from disk, and a
-restart finds all of it. Residency is read with util-linux's ``fincore``."""
+restart finds all of it. Residency is read with util-linux's ``fincore`` (``resident_bytes``)."""
 
 from __future__ import annotations
 
-import subprocess
 import time
 from pathlib import Path
 
@@ -14,7 +13,7 @@ from broker.storage.page_cache import reports_free_pages, window_bytes
 from connector.client.connection import BrokerConnection, pb
 from connector.history import check_keyed
 from tests.faults.brokers import broker_process
-from tests.support import pull_all, send_rows, wait_until
+from tests.support import pull_all, resident_bytes, send_rows, wait_until
 
 MIB = 1 << 20
 QUEUES, KEYS, ROUNDS = 2, 8, 3_000  # 24,000 messages of about 1 KiB: 12 MiB per queue
@@ -23,10 +22,7 @@ PADDING = b"|" + b"x" * 1_000
 
 def _resident_bytes(logs: Path) -> int:
     """Bytes of the queue logs under ``logs`` (a topic's directory) in the page cache."""
-    files = [str(path) for path in sorted(logs.glob("*/*.log"))]
-    out = subprocess.run(["fincore", "--bytes", "--noheadings", "--raw", "--output", "RES", *files],
-                         check=True, capture_output=True, text=True).stdout
-    return sum(int(line) for line in out.split())
+    return resident_bytes(logs.glob("*/*.log"))
 
 
 def _send_keyed(conn: BrokerConnection, topic: str) -> dict[str, int]:
