@@ -17,6 +17,7 @@ segments only, to a side file swapped in by rename; readers holding the old segm
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections import OrderedDict
 from pathlib import Path
@@ -40,7 +41,7 @@ def looks_small(segment: Segment) -> bool:
     """Whether the segment's first records hold few messages each. Only their headers are read: a
     segment of batches would otherwise be read whole (64 records of a megabyte) and stay in the
     page cache, for nothing."""
-    counts = [header.count for header in segment.headers(_SAMPLE)]
+    counts = [header.count for header in itertools.islice(segment.headers(), _SAMPLE)]
     return len(counts) > 1 and sum(counts) < SMALL_RECORD_ROWS * len(counts)
 
 

@@ -481,19 +481,18 @@ class Segment:
             if header.producer_hash:
                 yield header.producer_hash, header.sequence, header
 
-    def headers(self, limit: int | None = None) -> Iterator[RecordHeader]:
-        """The headers of the first ``limit`` records (all by default), read without their bodies;
-        up to a bad header."""
+    def headers(self) -> Iterator[RecordHeader]:
+        """The records' headers in order, each read when asked for, without its body; up to a
+        bad header."""
         if not self.size:
             return  # nothing to read, maybe no file
         with self._opened() as fd:
-            position = seen = 0
-            while position < self.size and (limit is None or seen < limit):
+            position = 0
+            while position < self.size:
                 header = parse_header(os.pread(fd, HEADER.size, position))
                 if header is None:
                     return
                 yield header
-                seen += 1
                 position += header.size
 
     def delete(self) -> None:

@@ -13,6 +13,7 @@ from broker.storage.page_cache import reports_free_pages, window_bytes
 from connector.client.connection import BrokerConnection, pb
 from connector.history import check_keyed
 from tests.faults.brokers import broker_process
+from tests.faults.workload import body, parse_body
 from tests.support import pull_all, resident_bytes, send_rows, wait_until
 
 MIB = 1 << 20
@@ -29,15 +30,14 @@ def _send_keyed(conn: BrokerConnection, topic: str) -> dict[str, int]:
     """``ROUNDS`` messages of each key, bodies ``"<key>:<seq>|xxx..."``, key ``k<i>`` on queue ``i % QUEUES``."""
     for first in range(0, ROUNDS, 250):
         for k in range(KEYS):
-            rows = [{"key": f"k{k}", "body": f"k{k}:{seq}".encode() + PADDING} for seq in range(first, first + 250)]
+            rows = [{"key": f"k{k}", "body": body(f"k{k}", seq) + PADDING} for seq in range(first, first + 250)]
             send_rows(conn, topic, k % QUEUES, rows)
     return {f"k{k}": ROUNDS for k in range(KEYS)}
 
 
 def _stored(conn: BrokerConnection, topic: str) -> list[tuple[str, int]]:
-    bodies = [raw.split(b"|", 1)[0].decode() for q in range(QUEUES)
-              for raw in pull_all(conn, topic, q).column("body").to_pylist()]
-    return [(key, int(seq)) for key, seq in (body.rsplit(":", 1) for body in bodies)]
+    return [parse_body(raw.split(b"|", 1)[0]) for q in range(QUEUES)
+            for raw in pull_all(conn, topic, q).column("body").to_pylist()]
 
 
 def _written(logs: Path) -> int:
