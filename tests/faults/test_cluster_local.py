@@ -6,6 +6,7 @@ import random
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import psutil
 
@@ -13,8 +14,18 @@ from connector.client import Admin, Producer
 from tests.support import wait_until
 
 
+def _fixed_port_base() -> int:
+    """A random base for the cluster's fixed ports, below the kernel's ephemeral range.
+
+    Inside that range, another test's free port or outgoing connection can take a port between the
+    choice and the broker's bind (seen as "Address already in use" under xdist).
+    """
+    ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    return random.randrange(20_000, ephemeral_low - 100, 100)
+
+
 def test_local_cluster_comes_up_serves_a_spread_topic_and_stops_on_ctrl_c(tmp_path):
-    base = random.randrange(30_000, 60_000, 100)  # fixed ports by design: a free-looking range per run
+    base = _fixed_port_base()
     proc = subprocess.Popen([sys.executable, "-m", "broker.cluster.local_cluster", "up", "--groups", "2",
                              "--brokers-per-group", "2", "--dir", str(tmp_path / "cluster"), "--base-port", str(base),
                              "--zookeeper-port", "0"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
