@@ -42,6 +42,7 @@ from connector.spark.locks import describe_holder
 from connector.spark.lost_tails import stored_at
 from connector.spark.options import SourceOptions
 from connector.spark.schema import to_spark_batch
+from connector.spark.worker_gc import freeze_worker_objects
 
 __all__ = ["DataLossError", "QueuePartition", "read_partition"]
 
@@ -81,6 +82,7 @@ class QueuePartition(InputPartition):
 
 def read_partition(options: SourceOptions, partition: QueuePartition, target: pa.Schema) -> Iterator[pa.RecordBatch]:
     """The messages of ``partition`` in queue order as record batches of ``target``."""
+    freeze_worker_objects()
     conn = options.connect_direct(partition.addresses)
     link = lease_pull_link(conn)
     with ThreadPoolExecutor(1, thread_name_prefix="orderlymq-prefetch") as prefetch:

@@ -57,6 +57,7 @@ from connector.spark.sharding import queue_ids
 from connector.spark.sink_columns import SinkColumns, message_columns, message_table
 from connector.spark.transactions import abort_all, abort_batch, commit_batch, task_txn_id
 from connector.spark.txn_keepalive import KeepAlive
+from connector.spark.worker_gc import freeze_worker_objects
 
 __all__ = ["OrderlyMQStreamWriter", "OrderlyMQWriter", "SinkCommitMessage"]
 
@@ -99,6 +100,7 @@ class _OrderlyMQWriterMixin:
     # -- task side -----------------------------------------------------------------------------
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommitMessage:
+        freeze_worker_objects()
         ctx = TaskContext.get()
         query_id = (ctx.getLocalProperty(QUERY_ID_PROPERTY) if ctx else None) or self.write_id
         batch_id = int((ctx.getLocalProperty(BATCH_ID_PROPERTY) if ctx else None) or 0)
