@@ -11,6 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from broker.metrics import METRICS
 from broker.proto import orderlymq_pb2_grpc as pb_grpc
+from broker.storage.page_cache import CHUNK_BYTES
 from broker.wire import codec
 from connector.client.connection import BrokerConnection, pb
 from tests.faults.tcp_proxy import TcpProxy
@@ -82,18 +83,17 @@ def test_the_staged_files_kept_for_reuse_are_counted(broker_factory, topic_name)
 
 
 def test_log_dropped_from_the_page_cache_is_counted(broker_factory, topic_name):
-    mib = 1 << 20
-    broker = broker_factory(metrics_port=0, page_cache_bytes=mib, flush_interval_ms=50)
+    broker = broker_factory(metrics_port=0, page_cache_bytes=CHUNK_BYTES, flush_interval_ms=50)
     with BrokerConnection(broker.address) as conn:
         conn.call("CreateTopic", pb.CreateTopicRequest(topic=topic_name, queue_count=1))
-        for _ in range(6):  # 6 MiB and a little more: 6 whole chunks, one within the window
+        for _ in range(3 * CHUNK_BYTES >> 20):  # 3 chunks and a little more: one chunk within the window
             send_rows(conn, topic_name, 0, [{"key": "k", "body": b"x" * 1024}] * 1024)
 
         def dropped() -> float:  # old log is dropped as new log is written: a message at each look
             send_rows(conn, topic_name, 0, [{"key": "k", "body": b"x"}])
             return value(scrape(broker.metrics_port), "orderlymq_page_cache_dropped_bytes_total")
 
-        assert wait_until(lambda: dropped() == 5 * mib, timeout=30, interval=0.1), dropped()
+        assert wait_until(lambda: dropped() == 2 * CHUNK_BYTES, timeout=30, interval=0.1), dropped()
 
 
 def test_every_exposed_family_is_documented(broker_factory, topic_name):

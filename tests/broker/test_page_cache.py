@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.storage.page_cache import reports_free_pages, window_bytes
+from broker.storage.page_cache import CHUNK_BYTES, _largest_folio_bytes, reports_free_pages, window_bytes
 from connector.client.connection import BrokerConnection, pb
 from connector.history import check_keyed
 from tests.faults.brokers import broker_process
@@ -26,11 +26,12 @@ def _resident_bytes(logs: Path) -> int:
     return resident_bytes(logs.glob("*/*.log"))
 
 
-def _send_keyed(conn: BrokerConnection, topic: str) -> dict[str, int]:
+def _send_keyed(conn: BrokerConnection, topic: str, rows_per_send: int = 250) -> dict[str, int]:
     """``ROUNDS`` messages of each key, bodies ``"<key>:<seq>|xxx..."``, key ``k<i>`` on queue ``i % QUEUES``."""
-    for first in range(0, ROUNDS, 250):
+    for first in range(0, ROUNDS, rows_per_send):
         for k in range(KEYS):
-            rows = [{"key": f"k{k}", "body": body(f"k{k}", seq) + PADDING} for seq in range(first, first + 250)]
+            rows = [{"key": f"k{k}", "body": body(f"k{k}", seq) + PADDING}
+                    for seq in range(first, min(first + rows_per_send, ROUNDS))]
             send_rows(conn, topic, k % QUEUES, rows)
     return {f"k{k}": ROUNDS for k in range(KEYS)}
 
@@ -44,29 +45,31 @@ def _written(logs: Path) -> int:
     return sum(path.stat().st_size for path in logs.glob("*/*.log"))
 
 
-@pytest.mark.parametrize("flush", ["async", "sync"])
-def test_log_older_than_the_window_leaves_the_page_cache_and_still_reads_back(tmp_path, topic_name, flush):
-    """A 4 MiB window over 24 MiB of log in 4 MiB segments (2 queues, 6 files): what stays cached
-    is at most the window, the unflushed tail and each file's last partial chunk; every key reads
-    back complete and in order, and again after a restart. Old log is dropped as new log is
-    written (its pages are then reused at once), so the wait writes a message to another topic at
-    each look."""
+@pytest.mark.parametrize(("flush", "rows_per_send", "segment_mib", "files"), [
+    ("async", 250, 4, 6), ("sync", 250, 4, 6),
+    ("async", 2_500, 16, 2),  # writes of 2.5 MB: the kernel caches them in its largest folios
+])
+def test_log_older_than_the_window_leaves_the_page_cache_and_still_reads_back(tmp_path, topic_name, flush,
+                                                                              rows_per_send, segment_mib, files):
+    """A 4 MiB window over 24 MiB of log (2 queues): what stays cached is at most the window, the
+    unflushed tail and each file's last partial chunk; every key reads back complete and in order,
+    and again after a restart. Old log is dropped as new log is written (its pages are then reused
+    at once), so the wait writes a message to another topic at each look."""
     data = tmp_path / "data"
-    broker = broker_process(data / "broker", page_cache_bytes=4 * MIB, segment_bytes=4 * MIB,
+    broker = broker_process(data / "broker", page_cache_bytes=4 * MIB, segment_bytes=segment_mib * MIB,
                             flush=flush, flush_interval_ms=50).start()
     try:
         with BrokerConnection(broker.address) as conn:
             conn.call("CreateTopic", pb.CreateTopicRequest(topic=topic_name, queue_count=QUEUES))
-            sent = _send_keyed(conn, topic_name)
+            sent = _send_keyed(conn, topic_name, rows_per_send)
             logs = data / "broker" / "topics" / topic_name
             written = _written(logs)
-            files = len(list(logs.glob("*/*.log")))
-            assert written > 20 * MIB and files == 6
+            assert written > 20 * MIB and len(list(logs.glob("*/*.log"))) == files
             conn.call("CreateTopic", pb.CreateTopicRequest(topic="nudges", queue_count=1))
 
             def mostly_dropped() -> bool:
                 send_rows(conn, "nudges", 0, [{"key": "n", "body": b"x"}])
-                return _resident_bytes(logs) <= (4 + files) * MIB
+                return _resident_bytes(logs) <= 4 * MIB + files * CHUNK_BYTES
 
             assert wait_until(mostly_dropped, timeout=30, interval=0.1), \
                 f"{_resident_bytes(logs)} of {written} bytes still cached"
@@ -119,3 +122,14 @@ def test_the_default_window_is_kept_where_a_balloon_reports_free_pages(tmp_path)
     assert [reports_free_pages(devices) for devices in (reporting, plain, none, tmp_path / "absent")] == \
         [True, False, False, False]
     assert window_bytes(0) == 0 and window_bytes(4 * MIB) == 4 * MIB
+
+
+def test_chunks_are_the_page_cache_s_largest_folio(tmp_path):
+    """A drop frees only the folios it covers whole, so a chunk is a huge page where the kernel says
+    how large one is, and 2 MiB where it does not."""
+    limit = tmp_path / "hpage_pmd_size"
+    limit.write_text("2097152\n")
+    assert _largest_folio_bytes(limit) == 2 * MIB
+    limit.write_text("536870912\n")  # 64 KiB pages
+    assert _largest_folio_bytes(limit) == 512 * MIB
+    assert _largest_folio_bytes(tmp_path / "absent") == 2 * MIB
