@@ -22,8 +22,8 @@ to its host; 0 leaves every page to the kernel.
 A chunk is as large as the largest folio (block of pages) the page cache makes, because the kernel
 drops only the folios a range holds whole: ext4 caches a write of megabytes in folios of up to
 ``hpage_pmd_size`` (2 MiB on x86-64), and a drop of 1 MiB inside one frees nothing. With 1 MiB
-chunks, an exactly-once Spark sink (whose commits append several megabytes at once) left all
-3.5 GB it wrote resident under a 1 GiB window while the broker counted 1.8 GB dropped, and its
+chunks, an exactly-once Spark sink (whose commits append several megabytes at once) left 3.0 of
+the 3.4 GiB it wrote cached under a 1 GiB window while the broker counted 1.6 GiB dropped, and its
 appends found no freed pages.
 """
 
