@@ -8,12 +8,13 @@ such a page faults into the host: measured on one, appending 1 GiB took 1.2-1.5 
 into pages never used, against 0.2 s into pages freed a moment before.
 
 So on such a machine the broker leaves the last ``page_cache_bytes`` of log written (across all
-queues, in chunks: ``CHUNK_BYTES``) in the page cache: before each append, as many bytes of the oldest log
-beyond that, on disk by then, are dropped from it (``posix_fadvise(POSIX_FADV_DONTNEED)``), and
-the append takes the pages just freed (dropped ahead of need, they would be back with the host a
-few seconds later). Readers at the tail still read from memory; one further behind reads from
-disk, as it would on a machine with less memory. A segment's last chunk, if partial, is left to
-the kernel, and so is a file closed for room (``broker.storage.open_files``).
+queues, in chunks of ``CHUNK_BYTES``) in the page cache: before each append, as many bytes of the
+oldest log beyond that, on disk by then, are dropped from it
+(``posix_fadvise(POSIX_FADV_DONTNEED)``), and the append takes the pages just freed (dropped ahead
+of need, they would be back with the host a few seconds later). Readers at the tail still read from
+memory; one further behind reads from disk, as it would on a machine with less memory. A segment's
+last chunk, if partial, is left to the kernel, and so is a file closed for room
+(``broker.storage.open_files``).
 
 Elsewhere a new page costs no more than a reused one, and keeping old log cached only helps
 readers, so the default (-1) keeps a window only where a virtio memory balloon reports free pages
