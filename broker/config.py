@@ -61,7 +61,7 @@ class BrokerConfig:
         older log is dropped from it, and new appends reuse its memory (``broker.storage.page_cache``:
         on virtual machines that return free memory to their host, far cheaper than new pages).
         -1: 1 GiB on such a machine (a virtio balloon reporting free pages), else none; 0: none,
-        the page cache is left to the kernel.
+        the page cache is left to the kernel. Rounded up to whole chunks (``hpage_pmd_size``, 2 MiB).
     retention_ms, retention_bytes : int
         Delete whole segments older than this / beyond this size per queue; 0 keeps forever / unlimited.
     retention_check_interval_ms : int

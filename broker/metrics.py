@@ -59,7 +59,7 @@ METRICS = {
     "orderlymq_transactions_kept_file_bytes": "bytes of finished transactions' staged files kept for reuse",
     "orderlymq_segment_files_open": "segment files open now",
     "orderlymq_segment_files_budget": "segment files kept open at most (half the open-file limit); idle ones close",
-    "orderlymq_page_cache_dropped_bytes_total": "bytes of log on disk dropped from the page cache (page_cache_bytes)",
+    "orderlymq_page_cache_dropped_bytes_total": "bytes of log on disk freed from the page cache by its drops (page_cache_bytes)",
 }
 
 

@@ -32,7 +32,7 @@ from broker.metrics import BrokerMetrics
 from broker.offsets import OffsetStore
 from broker.proto import orderlymq_pb2 as pb
 from broker.storage import Store
-from broker.storage.page_cache import window_bytes
+from broker.storage.page_cache import CHUNK_BYTES, window_bytes
 from broker.storage.queue_log import QueueLog
 from broker.transactions import TransactionManager, prepare_change
 from broker.wire import codec
@@ -83,7 +83,7 @@ class BrokerService:
         )
         if self.store.page_cache is not None:
             log.info("the last %d MiB of log written stay in the page cache, older log is dropped from it "
-                     "(page_cache_bytes)", self.store.page_cache.budget_chunks)
+                     "(page_cache_bytes)", self.store.page_cache.budget_chunks * CHUNK_BYTES >> 20)
         self.offsets = OffsetStore(data / "offsets.json")
         self.locks = LockManager(data / "lock-epochs.json", lease_ms=config.lock_lease_ms)
         self.members = Membership(timeout_ms=config.consumer_timeout_ms)

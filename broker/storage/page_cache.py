@@ -25,11 +25,18 @@ drops only the folios a range holds whole: ext4 caches a write of megabytes in f
 ``hpage_pmd_size`` (2 MiB on x86-64), and a drop of 1 MiB inside one frees nothing. With 1 MiB
 chunks, an exactly-once Spark sink (whose commits append several megabytes at once) left 3.0 of
 the 3.4 GiB it wrote cached under a 1 GiB window while the broker counted 1.6 GiB dropped, and its
-appends found no freed pages.
+appends found no freed pages. What a drop frees is counted as the kernel reports it (``cachestat``,
+Linux 6.5+), and a drop that frees nothing of a cached chunk is logged once: so a kernel caching
+log in folios larger than a chunk shows, where the count of chunks asked to be dropped hid it.
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
+import logging
+import os
+import sys
 import threading
 from collections import deque
 from pathlib import Path
@@ -38,7 +45,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from broker.storage.segment import Segment
 
-__all__ = ["AUTO", "CHUNK_BYTES", "PageCacheWindow", "reports_free_pages", "window_bytes"]
+__all__ = ["AUTO", "CHUNK_BYTES", "PageCacheWindow", "cached_bytes", "drop_from_cache", "reports_free_pages", "window_bytes"]
+
+log = logging.getLogger(__name__)
 
 _FOLIO_LIMIT = Path("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size")
 
@@ -60,6 +69,49 @@ _BALLOON = "0x0005"  # virtio device id of a memory balloon
 _REPORTING = 5  # its feature bit VIRTIO_BALLOON_F_REPORTING
 
 
+class _Range(ctypes.Structure):
+    _fields_ = [("off", ctypes.c_uint64), ("len", ctypes.c_uint64)]
+
+
+class _Cachestat(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_uint64)
+                for name in ("nr_cache", "nr_dirty", "nr_writeback", "nr_evicted", "nr_recently_evicted")]
+
+
+_CACHESTAT = 451  # the syscall's number on every architecture (Linux 6.5+)
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+# None elsewhere than on Linux, or once the kernel refused cachestat
+_libc: ctypes.CDLL | None = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
+
+
+def cached_bytes(fd: int, position: int, length: int) -> int | None:
+    """Bytes of the range in the page cache, or None where the kernel cannot say (no cachestat:
+    older than 6.5, or refused by a seccomp filter)."""
+    global _libc
+    libc = _libc
+    if libc is None:
+        return None
+    stat = _Cachestat()
+    if libc.syscall(_CACHESTAT, fd, ctypes.byref(_Range(position, length)), ctypes.byref(stat), 0) == 0:
+        return stat.nr_cache * _PAGE_BYTES
+    code = ctypes.get_errno()
+    if code in (errno.ENOSYS, errno.EPERM):
+        _libc = None
+        return None
+    raise OSError(code, os.strerror(code))
+
+
+def drop_from_cache(fd: int, position: int, length: int) -> tuple[int, int]:
+    """Drop the range, on disk by now, from the page cache: ``(bytes cached before, bytes freed)``,
+    both ``length`` where the kernel cannot say."""
+    before = cached_bytes(fd, position, length)
+    os.posix_fadvise(fd, position, length, os.POSIX_FADV_DONTNEED)
+    if before is None:
+        return length, length
+    after = cached_bytes(fd, position, length) if before else 0
+    return before, before - (after or 0)
+
+
 def reports_free_pages(devices: Path = _VIRTIO_DEVICES) -> bool:
     """Whether a virtio memory balloon here reports free pages to the host (then the host takes
     them back, and the next write to one faults into it)."""
@@ -75,9 +127,13 @@ def reports_free_pages(devices: Path = _VIRTIO_DEVICES) -> bool:
 
 
 def window_bytes(setting: int) -> int:
-    """The window ``page_cache_bytes`` asks for (``AUTO`` resolved on this machine); 0 is none."""
+    """The window ``page_cache_bytes`` asks for (``AUTO`` resolved on this machine); 0 is none, and
+    so is any where the system cannot drop pages of a file (no ``posix_fadvise``: macOS)."""
     if setting == AUTO:
-        return WINDOW_BYTES if reports_free_pages() else 0
+        return WINDOW_BYTES if reports_free_pages() and hasattr(os, "posix_fadvise") else 0
+    if setting and not hasattr(os, "posix_fadvise"):
+        log.warning("page_cache_bytes = %d is ignored: this system cannot drop a file's pages from its cache", setting)
+        return 0
     return setting
 
 
@@ -86,8 +142,9 @@ class PageCacheWindow:
     bytes of the oldest chunks beyond the budget from the page cache (``make_room``)."""
 
     def __init__(self, budget_bytes: int) -> None:
-        self.budget_chunks = budget_bytes // CHUNK_BYTES
-        self.dropped_bytes = 0  # in total, for the metrics
+        self.budget_chunks = -(-budget_bytes // CHUNK_BYTES)  # whole chunks, at least the bytes asked for
+        self.dropped_bytes = 0  # freed in total, for the metrics
+        self._warned = False  # that a drop freed nothing of a cached chunk
         self._chunks: deque[tuple[Segment, int]] = deque()
         self._owed = 0  # bytes appended and not yet matched by chunks dropped
         self._lock = threading.Lock()
@@ -102,8 +159,8 @@ class PageCacheWindow:
 
     def make_room(self, nbytes: int) -> int:
         """Before ``nbytes`` are appended: drop as many bytes of the oldest chunks beyond the budget
-        (what earlier appends left owed too, up to ``_MAX_OWED``); how many chunks were dropped (a
-        removed segment's are not)."""
+        (what earlier appends left owed too, up to ``_MAX_OWED``); how many bytes that freed (a
+        removed segment's chunks are not dropped)."""
         with self._lock:
             self._owed = min(self._owed + nbytes, _MAX_OWED)
             count = min(self._owed // CHUNK_BYTES, len(self._chunks) - self.budget_chunks)
@@ -111,7 +168,13 @@ class PageCacheWindow:
                 return 0
             oldest = [self._chunks.popleft() for _ in range(count)]
             self._owed -= count * CHUNK_BYTES
-        dropped = sum(segment.drop_cached(index * CHUNK_BYTES, CHUNK_BYTES) for segment, index in oldest)
+        drops = [(segment, segment.drop_cached(index * CHUNK_BYTES, CHUNK_BYTES)) for segment, index in oldest]
+        freed = sum(drop[1] for _, drop in drops if drop)
         with self._lock:
-            self.dropped_bytes += dropped * CHUNK_BYTES
-        return dropped
+            self.dropped_bytes += freed
+        stuck = next((segment for segment, drop in drops if drop and drop[0] and not drop[1]), None)
+        if stuck is not None and not self._warned:
+            self._warned = True
+            log.warning("dropping %d MiB of %s from the page cache freed nothing of it: the kernel may cache it in "
+                        "blocks larger than that (page_cache_bytes; logged once)", CHUNK_BYTES >> 20, stuck.path)
+        return freed

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from broker.persist import fsync_dir
 from broker.storage.open_files import OpenFiles
-from broker.storage.page_cache import PageCacheWindow
+from broker.storage.page_cache import PageCacheWindow, drop_from_cache
 from broker.storage.record import HEADER, RecordHeader, parse_header, verify
 from broker.wire import codec
 from broker.wire.errors import DamagedRecordError
@@ -229,22 +229,22 @@ class Segment:
             self._page_cache.durable(self, self.synced_size, size)
         self.synced_size = size
 
-    def drop_cached(self, position: int, length: int) -> bool:
+    def drop_cached(self, position: int, length: int) -> tuple[int, int] | None:
         """Let the kernel drop these bytes of the file, on disk by now, from its page cache
-        (``broker.storage.page_cache``). Not done (False) when the segment is gone, or its file
-        closed for room: reopening it would be work on another queue's append path."""
+        (``broker.storage.page_cache``): ``(bytes cached before, bytes freed)``. Not done (None)
+        when the segment is gone, or its file closed for room: reopening it would be work on
+        another queue's append path."""
         with self._open_lock:
             if self._closed or self._fd is None:
-                return False
+                return None
             self._users += 1
             fd = self._fd
         try:
-            os.posix_fadvise(fd, position, length, os.POSIX_FADV_DONTNEED)
+            return drop_from_cache(fd, position, length)
         except OSError:
-            return False
+            return None
         finally:
             self._release()
-        return True
 
     def drop_unsynced(self) -> None:
         """After a failed fsync (``broker.storage.lost_writes``): cut the file back to what the last

@@ -4,12 +4,25 @@ restart finds all of it. Residency is read with util-linux's ``fincore`` (``resi
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import mmap
+import os
 import time
 from pathlib import Path
 
 import pytest
 
-from broker.storage.page_cache import CHUNK_BYTES, _largest_folio_bytes, reports_free_pages, window_bytes
+from broker.storage import page_cache
+from broker.storage.page_cache import (
+    CHUNK_BYTES,
+    PageCacheWindow,
+    _largest_folio_bytes,
+    reports_free_pages,
+    window_bytes,
+)
+from broker.storage.queue_log import QueueLog
+from broker.wire import codec
 from connector.client.connection import BrokerConnection, pb
 from connector.history import check_keyed
 from tests.faults.brokers import broker_process
@@ -133,3 +146,67 @@ def test_chunks_are_the_page_cache_s_largest_folio(tmp_path):
     limit.write_text("536870912\n")  # 64 KiB pages
     assert _largest_folio_bytes(limit) == 512 * MIB
     assert _largest_folio_bytes(tmp_path / "absent") == 2 * MIB
+
+
+def _queue(directory: Path, window: PageCacheWindow) -> QueueLog:
+    return QueueLog(directory, segment_bytes=64 * MIB, index_interval_bytes=4096, sync=True, page_cache=window)
+
+
+def _append_chunks(queue: QueueLog, chunks: int) -> None:
+    batch = codec.encode(codec.messages_to_batch([{"key": "k", "body": b"x" * 1000}] * (CHUNK_BYTES // 1024)))
+    for _ in range(chunks):
+        queue.append(batch, CHUNK_BYTES // 1024)
+
+
+def test_a_window_smaller_than_a_chunk_keeps_one_chunk(tmp_path):
+    """The window is rounded up to whole chunks: one asked for less than a chunk used to keep none."""
+    assert [PageCacheWindow(size).budget_chunks for size in (1, CHUNK_BYTES, CHUNK_BYTES + 1)] == [1, 1, 2]
+    queue = _queue(tmp_path / "t" / "0", PageCacheWindow(1))
+    _append_chunks(queue, 4)
+    last_whole_chunk = (queue.segments[-1].synced_size // CHUNK_BYTES - 1) * CHUNK_BYTES
+    assert resident_bytes([queue.segments[-1].path]) >= queue.segments[-1].size - last_whole_chunk
+
+
+def test_what_a_drop_frees_is_counted_as_the_kernel_reports_it(tmp_path):
+    """Each chunk dropped from a cache that held it counts whole; one dropped again counts nothing."""
+    queue = _queue(tmp_path / "t" / "0", window := PageCacheWindow(CHUNK_BYTES))
+    _append_chunks(queue, 4)
+    assert window.dropped_bytes > 0 and window.dropped_bytes % CHUNK_BYTES == 0
+    segment = queue.segments[-1]
+    assert segment.drop_cached(0, CHUNK_BYTES) == (0, 0)  # the window dropped it already
+    kept = segment.size - window.dropped_bytes
+    assert resident_bytes([segment.path]) == -(-kept // 4096) * 4096  # whole pages
+
+
+def test_a_drop_that_frees_nothing_of_a_cached_chunk_is_logged_once(tmp_path, caplog):
+    """Pages mapped by a process stay cached through a drop, as pages of folios larger than a chunk
+    do: the broker says so, once for the two queues whose first chunk is mapped, instead of counting
+    them dropped."""
+    window = PageCacheWindow(CHUNK_BYTES)
+    first, second = _queue(tmp_path / "t" / "0", window), _queue(tmp_path / "t" / "1", window)
+    _append_chunks(first, 1)
+    _append_chunks(second, 1)
+    with contextlib.ExitStack() as stack:
+        for queue in (first, second):
+            file = stack.enter_context(open(queue.segments[-1].path, "rb"))
+            mapped = stack.enter_context(mmap.mmap(file.fileno(), CHUNK_BYTES, access=mmap.ACCESS_READ))
+            assert sum(mapped[i] for i in range(0, CHUNK_BYTES, 4096)) > 0  # every page of the first chunk mapped
+        with caplog.at_level(logging.WARNING, logger="broker.storage.page_cache"):
+            _append_chunks(first, 4)
+        warnings = [r.getMessage() for r in caplog.records if "freed nothing" in r.getMessage()]
+        assert len(warnings) == 1 and str(first.segments[-1].path) in warnings[0], warnings
+        assert resident_bytes([second.segments[-1].path]) >= CHUNK_BYTES  # dropped, and still cached
+    assert 0 < window.dropped_bytes <= first.segments[-1].size - 2 * CHUNK_BYTES  # neither the window's nor the first
+
+
+def test_without_cachestat_a_drop_counts_what_it_asked_for(tmp_path, monkeypatch):
+    """Where the kernel cannot say what is cached (older than 6.5), a drop counts its whole range."""
+    monkeypatch.setattr(page_cache, "_libc", None)
+    path = tmp_path / "file"
+    path.write_bytes(b"x" * CHUNK_BYTES)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert page_cache.cached_bytes(fd, 0, CHUNK_BYTES) is None
+        assert page_cache.drop_from_cache(fd, 0, CHUNK_BYTES) == (CHUNK_BYTES, CHUNK_BYTES)
+    finally:
+        os.close(fd)
