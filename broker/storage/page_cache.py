@@ -13,8 +13,9 @@ oldest log beyond that, on disk by then, are dropped from it
 (``posix_fadvise(POSIX_FADV_DONTNEED)``), and the append takes the pages just freed (dropped ahead
 of need, they would be back with the host a few seconds later). Readers at the tail still read from
 memory; one further behind reads from disk, as it would on a machine with less memory. A segment's
-last chunk, if partial, is left to the kernel, and so is a file closed for room
-(``broker.storage.open_files``).
+last chunk, if partial, is left to the kernel; a file closed for room (``broker.storage.open_files``)
+is opened for its drop alone. Log the page cache still holds from before a restart joins the window
+at start, oldest first, so new log pushes it out as it would log written since.
 
 Elsewhere a new page costs no more than a reused one, and keeping old log cached only helps
 readers, so the default (-1) keeps a window only where a virtio memory balloon reports free pages
@@ -39,6 +40,7 @@ import os
 import sys
 import threading
 from collections import deque
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -156,6 +158,14 @@ class PageCacheWindow:
         if end > first:
             with self._lock:
                 self._chunks.extend((segment, index) for index in range(first, end))
+
+    def keep_cached(self, segments: Iterable[Segment]) -> None:
+        """At start: the chunks of ``segments`` (oldest first) that the page cache still holds from
+        before the restart join the window ahead of everything since, to be dropped in their turn.
+        Where the kernel cannot say what it holds, they are left to it."""
+        found = [(segment, index) for segment in segments for index in segment.cached_chunks(CHUNK_BYTES)]
+        with self._lock:
+            self._chunks.extendleft(reversed(found))
 
     def make_room(self, nbytes: int) -> int:
         """Before ``nbytes`` are appended: drop as many bytes of the oldest chunks beyond the budget

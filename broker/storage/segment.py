@@ -27,7 +27,7 @@ from pathlib import Path
 
 from broker.persist import fsync_dir
 from broker.storage.open_files import OpenFiles
-from broker.storage.page_cache import PageCacheWindow, drop_from_cache
+from broker.storage.page_cache import PageCacheWindow, cached_bytes, drop_from_cache
 from broker.storage.record import HEADER, RecordHeader, parse_header, verify
 from broker.wire import codec
 from broker.wire.errors import DamagedRecordError
@@ -231,20 +231,48 @@ class Segment:
 
     def drop_cached(self, position: int, length: int) -> tuple[int, int] | None:
         """Let the kernel drop these bytes of the file, on disk by now, from its page cache
-        (``broker.storage.page_cache``): ``(bytes cached before, bytes freed)``. Not done (None)
-        when the segment is gone, or its file closed for room: reopening it would be work on
-        another queue's append path."""
-        with self._open_lock:
-            if self._closed or self._fd is None:
-                return None
-            self._users += 1
-            fd = self._fd
+        (``broker.storage.page_cache``): ``(bytes cached before, bytes freed)``, None when the
+        segment is gone."""
         try:
-            return drop_from_cache(fd, position, length)
+            with self._descriptor_for_cache() as fd:
+                return None if fd is None else drop_from_cache(fd, position, length)
         except OSError:
             return None
-        finally:
-            self._release()
+
+    def cached_chunks(self, chunk_bytes: int) -> list[int]:
+        """The indexes of the file's whole durable chunks of which the page cache holds some (none
+        where the kernel cannot say)."""
+        chunks = self.synced_size // chunk_bytes
+        try:
+            with self._descriptor_for_cache() as fd:
+                if fd is None or not chunks or not cached_bytes(fd, 0, chunks * chunk_bytes):
+                    return []
+                return [index for index in range(chunks) if cached_bytes(fd, index * chunk_bytes, chunk_bytes)]
+        except OSError:
+            return []
+
+    @contextlib.contextmanager
+    def _descriptor_for_cache(self) -> Iterator[int | None]:
+        """The file's descriptor for a look at its page cache, or one opened for that alone where
+        the file was closed for room (outside the open files' budget: it is closed microseconds
+        later); None when the segment is gone."""
+        with self._open_lock:
+            closed, fd = self._closed, self._fd
+            if not closed and fd is not None:
+                self._users += 1
+        if closed:
+            yield None
+        elif fd is not None:
+            try:
+                yield fd
+            finally:
+                self._release()
+        else:
+            fd = os.open(self.path, os.O_RDONLY)
+            try:
+                yield fd
+            finally:
+                os.close(fd)
 
     def drop_unsynced(self) -> None:
         """After a failed fsync (``broker.storage.lost_writes``): cut the file back to what the last

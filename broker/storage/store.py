@@ -95,6 +95,9 @@ class Store:
         for name, count in self._topics.items():
             for qid in range(count):
                 self._queues[(name, qid)] = self._open_queue(name, qid)
+        if self.page_cache is not None:
+            segments = [segment for queue in self._queues.values() for segment in queue.segments]
+            self.page_cache.keep_cached(sorted(segments, key=lambda segment: segment.last_store_ts))
 
     # -- topics --------------------------------------------------------------------------------
 

@@ -210,3 +210,44 @@ def test_without_cachestat_a_drop_counts_what_it_asked_for(tmp_path, monkeypatch
         assert page_cache.drop_from_cache(fd, 0, CHUNK_BYTES) == (CHUNK_BYTES, CHUNK_BYTES)
     finally:
         os.close(fd)
+
+
+def test_a_file_closed_for_room_is_opened_for_its_drop(tmp_path):
+    """A segment whose file ``OpenFiles`` closed still has its chunks dropped: they used to stay cached."""
+    queue = _queue(tmp_path / "t" / "0", PageCacheWindow(64 * MIB))
+    _append_chunks(queue, 2)
+    segment = queue.segments[-1]
+    assert segment.close_if_idle()
+    assert segment.drop_cached(0, CHUNK_BYTES) == (CHUNK_BYTES, CHUNK_BYTES)
+    assert segment.cached_chunks(CHUNK_BYTES) == [1]
+
+
+def test_log_cached_before_a_restart_is_dropped_in_its_turn(tmp_path, topic_name):
+    """Log the page cache still holds from before a restart (written here with no window) joins the
+    window at start: log written after it pushes it out, and it still reads back whole and in order."""
+    data = tmp_path / "data"
+    config = {"segment_bytes": 16 * MIB, "flush_interval_ms": 50}
+    broker = broker_process(data, page_cache_bytes=0, **config).start()
+    try:
+        with BrokerConnection(broker.address) as conn:
+            conn.call("CreateTopic", pb.CreateTopicRequest(topic=topic_name, queue_count=QUEUES))
+            sent = _send_keyed(conn, topic_name)
+    finally:
+        broker.stop()
+    logs = data / "topics" / topic_name
+    assert _resident_bytes(logs) >= _written(logs) * 0.9
+    broker = broker_process(data, page_cache_bytes=4 * MIB, **config).start()
+    try:
+        with BrokerConnection(broker.address) as conn:
+            conn.call("CreateTopic", pb.CreateTopicRequest(topic="nudges", queue_count=1))
+
+            def mostly_dropped() -> bool:
+                send_rows(conn, "nudges", 0, [{"key": "n", "body": b"x" * 1000}] * 1000)
+                return _resident_bytes(logs) <= QUEUES * CHUNK_BYTES  # each file's last, partial chunk
+
+            assert wait_until(mostly_dropped, timeout=30, interval=0.1), \
+                f"{_resident_bytes(logs)} of {_written(logs)} bytes still cached"
+            verdict = check_keyed(sent, _stored(conn, topic_name))
+            assert verdict.ok and verdict.duplicated == 0, verdict
+    finally:
+        broker.stop()
