@@ -130,9 +130,10 @@ def reports_free_pages(devices: Path = _VIRTIO_DEVICES) -> bool:
 
 def window_bytes(setting: int) -> int:
     """The window ``page_cache_bytes`` asks for (``AUTO`` resolved on this machine); 0 is none, and
-    so is any where the system cannot drop pages of a file (no ``posix_fadvise``: macOS)."""
+    so is any where the system cannot drop pages of a file (no ``posix_fadvise``: macOS, which has no
+    virtio balloon either, so ``AUTO`` never asks for one there)."""
     if setting == AUTO:
-        return WINDOW_BYTES if reports_free_pages() and hasattr(os, "posix_fadvise") else 0
+        return WINDOW_BYTES if reports_free_pages() else 0
     if setting and not hasattr(os, "posix_fadvise"):
         log.warning("page_cache_bytes = %d is ignored: this system cannot drop a file's pages from its cache", setting)
         return 0
