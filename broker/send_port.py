@@ -40,6 +40,9 @@ log = logging.getLogger(__name__)
 
 _STATUS_NAMES = {status.value[0]: status.name for status in grpc.StatusCode}
 _MAX_QUEUED = 1024  # requests waiting behind a slow one before the connection stops being read
+# Answers to the frames of one read are written together, up to this many: one write per answer
+# woke a pipelining client once per answer; more would hold the first answers of a long burst back.
+_ANSWERS_PER_WRITE = 64
 
 
 def serves_send_port(config: BrokerConfig, access_control: bool) -> bool:
@@ -134,6 +137,11 @@ class _SendConnection(FramedConnection):
         super().__init__(max_frame, registry)
         self._sends = transport  # broker.server._Transport: where a send runs, how a failure is answered
         self._queued: deque[tuple[pb.SendRequest | pb.SendResponse, int, float]]  # (request, size, started)
+        self._unwritten: list[bytes] = []  # answers to the frames of one read, written together
+
+    def buffer_updated(self, nbytes: int) -> None:
+        super().buffer_updated(nbytes)
+        self._write_answers()
 
     # -- requests ------------------------------------------------------------------------------
 
@@ -171,18 +179,27 @@ class _SendConnection(FramedConnection):
                 except Exception as exc:  # noqa: BLE001 - answered, the connection stays open
                     answer = self._sends.send_failure(request, exc)
             self._answer(answer, started)
+            self._write_answers()
             if len(self._queued) < _MAX_QUEUED // 2:
                 self._resume("queued")
         self._worker = None
 
     def _answer(self, answer: pb.SendResponse, started: float) -> None:
         payload = answer.SerializeToString()
-        self._conn.write(LENGTH.pack(len(payload)) + payload)
-        # Counted once the answer is on its way: the client waits for nothing the broker does after.
+        self._unwritten.append(LENGTH.pack(len(payload)) + payload)
+        if len(self._unwritten) >= _ANSWERS_PER_WRITE:
+            self._write_answers()
         code = _STATUS_NAMES.get(answer.error_code, "UNKNOWN") if answer.error_code else None
         self._sends.metrics.rpc_done("SendPort", started, code)
         if self._closing and not self._queued:
+            self._write_answers()
             self._conn.close()
+
+    def _write_answers(self) -> None:
+        """The answers waiting, in one write (see ``_ANSWERS_PER_WRITE``)."""
+        if self._unwritten:
+            answers, self._unwritten = self._unwritten, []
+            self._conn.write(b"".join(answers))
 
     def _refuse_frame(self, size: int) -> None:
         self._enqueue(pb.SendResponse(

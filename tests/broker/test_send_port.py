@@ -162,6 +162,40 @@ def test_a_bad_request_gets_an_error_answer_and_the_connection_goes_on(port_brok
     assert stored.error_code == 0 and stored.base_offset == 0
 
 
+def test_a_burst_read_at_once_is_answered_whole_in_order_with_each_error_in_its_place(port_broker, topic_name):
+    """Answers to the frames of one read go out together (a few dozen per write): a burst of 300
+    frames in one write, some of them bad, and frames behind a transactional send (answered off the
+    loop) all get their answer, in request order, and nothing waits for a later read."""
+    broker, raw = port_broker
+    requests, expected = [], []
+    seq = 0
+    with BrokerConnection(broker.address) as conn:
+        conn.call("BeginTxn", pb.BeginTxnRequest(txn_id="tx-burst"))
+        for i in range(300):
+            if i % 97 == 13:
+                requests.append(b"\xff\xff\xff")
+                expected.append("InvalidRequestError")
+            elif i == 150:
+                requests.append(_request(topic_name, "staged", 0, txn_id="tx-burst"))
+                expected.append("staged")
+            else:
+                requests.append(_request(topic_name, "k", seq))
+                expected.append(seq)
+                seq += 1
+        raw.sock.sendall(b"".join(LENGTH.pack(len(r)) + r for r in requests))
+        answers = [raw.answer() for _ in requests]
+        conn.call("AbortTxn", pb.AbortTxnRequest(txn_id="tx-burst"))
+    got = [a.error_kind if a.error_code else "staged" if a.base_offset == -1 else a.base_offset for a in answers]
+    assert got == expected
+    history = History()
+    for n in range(seq):
+        history.sent("k", n, acked=True)
+    with BrokerConnection(broker.address) as conn:
+        history.extend_deliveries(stored_deliveries(conn, topic_name))
+    verdict = history.check()
+    assert verdict.ok and verdict.deliveries == seq, verdict
+
+
 def test_a_transactional_send_is_staged_like_on_grpc(port_broker, topic_name):
     broker, raw = port_broker
     with BrokerConnection(broker.address) as conn:
