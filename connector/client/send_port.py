@@ -39,7 +39,6 @@ from connector.client.lean_port import (
     lean_port_of,
     limit_waits,
     open_lean,
-    read_exactly,
     write_parts,
 )
 
@@ -54,6 +53,7 @@ _POLL_MS = 1000  # how often a stream waiting for an answer looks at the clock
 _MAX_IDLE = 8  # connections kept for reuse
 _JOINED_BYTES = 64 * 1024  # a request up to this size is joined into one write; bigger ones are not copied
 _ANSWER_BUFFER_BYTES = 4096  # what a connection reads answers into (a bigger answer gets a bigger one)
+_STREAM_READ_BYTES = 64 * 1024  # a stream reads its answers in bursts of up to this much
 
 
 class SendPortFailure(Exception):
@@ -269,17 +269,31 @@ class PortStream:
             readable.register(self._sock, select.POLLIN)
             self._await_answer(readable)
             check_hello(self._sock)
+            buffer = bytearray(_STREAM_READ_BYTES)
+            start = end = 0  # the bytes read and not yet parsed: buffer[start:end]
             while True:
+                if end - start >= LENGTH.size:
+                    (size,) = LENGTH.unpack_from(buffer, start)
+                    if end - start >= LENGTH.size + size:  # a whole answer
+                        body = bytes(buffer[start + LENGTH.size:start + LENGTH.size + size])
+                        start += LENGTH.size + size
+                        self._answered += 1
+                        self._progress_at = time.monotonic()
+                        yield pb.SendResponse.FromString(body)
+                        continue
+                    if LENGTH.size + size > len(buffer):  # a long answer (an error's message): room for it
+                        buffer.extend(bytes(LENGTH.size + size - len(buffer)))
+                if start == end or end == len(buffer):  # nothing left to parse, or no room after it
+                    buffer[:end - start] = buffer[start:end]
+                    start, end = 0, end - start
                 self._await_answer(readable)
-                head = self._sock.recv(LENGTH.size, socket.MSG_WAITALL)
-                if not head and self._requests_ended and self._broken is None:
-                    return  # every request answered after the last one was written, as a gRPC stream ends
-                if len(head) < LENGTH.size:
+                with memoryview(buffer) as view:
+                    read = self._sock.recv_into(view[end:])
+                if not read:
+                    if start == end and self._requests_ended and self._broken is None:
+                        return  # every request answered after the last one was written, as a gRPC stream ends
                     raise ConnectionError("the broker closed the lean port connection")
-                answer = pb.SendResponse.FromString(bytes(read_exactly(self._sock, LENGTH.unpack(head)[0])))
-                self._answered += 1
-                self._progress_at = time.monotonic()
-                yield answer
+                end += read
         except (OSError, ValueError, DecodeError) as exc:
             if isinstance(exc, WrongVersionError):
                 self._client.failed()

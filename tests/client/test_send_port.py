@@ -5,6 +5,7 @@ frozen broker)."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import threading
@@ -438,3 +439,38 @@ def _read_all(sock, size: int) -> bytes:
         chunks.append(chunk)
         got += len(chunk)
     return b"".join(chunks)
+
+
+def test_a_stream_reads_answers_however_they_arrive():
+    """``PortStream`` reads answers in bursts: several in one read, one cut across reads, and one
+    longer than its read buffer all come out whole and in order, and the stream ends cleanly when
+    the broker closes after the last. The peer is a plain socket speaking the port's frames."""
+    import socket
+
+    from broker.wire.frames import HELLO_SIZE, LENGTH, SENDS, VERSION, hello
+    from connector.client.send_port import PortStream
+
+    answers = [pb.SendResponse(base_offset=i, count=1) for i in range(5)]
+    answers.insert(2, pb.SendResponse(error_code=3, error_kind="BadBatchError", error_message="x" * 200_000))
+    frames = [LENGTH.pack(len(a.SerializeToString())) + a.SerializeToString() for a in answers]
+    wire = b"".join(frames)
+    cuts = [0, len(frames[0]) + 3, len(frames[0]) + len(frames[1]) + 70_000, len(wire) - 5, len(wire)]
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def broker() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            _read_all(conn, HELLO_SIZE)
+            conn.sendall(hello(VERSION, SENDS))
+            for start, end in itertools.pairwise(cuts):
+                time.sleep(0.05)  # each piece its own read
+                conn.sendall(wire[start:end])
+
+    thread = threading.Thread(target=broker)
+    thread.start()
+    with listener:
+        stream = PortStream(None, "127.0.0.1", listener.getsockname()[1], connect_timeout=5)
+        stream.start(iter([]))
+        got = list(stream)
+        thread.join(10)
+    assert got == answers
