@@ -103,9 +103,12 @@ def _split_by_queue(table: pa.Table, queue_of_row: np.ndarray) -> list[RoutedChu
         return [RoutedChunk(first, table, list(range(table.num_rows)))]
     order = np.argsort(queue_of_row, kind="stable")
     ids, starts = np.unique(queue_of_row[order], return_index=True)
-    return [RoutedChunk(int(qid), table.take(codec.int64_array(np.ascontiguousarray(rows, np.int64), pa.int64())),
-                        rows.tolist())
-            for qid, rows in zip(ids, np.split(order, starts[1:]), strict=True)]
+    # One gather of all rows in queue order, then a slice per queue: a take per queue cost 46 µs
+    # each, most of a send_batch spread over a thousand queues.
+    grouped = table.take(codec.int64_array(np.ascontiguousarray(order, np.int64), pa.int64()))
+    ends = [*starts[1:].tolist(), len(order)]
+    return [RoutedChunk(int(qid), grouped.slice(start, end - start), order[start:end].tolist())
+            for qid, start, end in zip(ids.tolist(), starts.tolist(), ends, strict=True)]
 
 
 def _message_row(body: Any, key: Any, tag: Any, properties: Any) -> dict:
@@ -417,11 +420,14 @@ class Producer:
         input order, as a ``SendResults`` sequence (its fields also numpy columns). Rows of one queue
         are stored in input order, in as few requests as the limits allow."""
         deadline = time.monotonic() + self.retry_timeout
-        futures = []
+        by_sender: dict[PipelinedSender, list[RoutedChunk]] = {}
         for chunk in self.route(topic, messages, selector=selector, arg=arg, queue_id=queue_id, deadline=deadline):
-            sender = self._sender_for(topic, chunk.queue_id, deadline)
-            parts = sender.submit(topic, chunk.queue_id, chunk.table, single=False, urgent=True, deadline=deadline)
-            futures.append((chunk, parts))
+            by_sender.setdefault(self._sender_for(topic, chunk.queue_id, deadline), []).append(chunk)
+        futures = []
+        for sender, chunks in by_sender.items():
+            submitted = sender.submit_tables(topic, [(chunk.queue_id, chunk.table) for chunk in chunks],
+                                             single=False, urgent=True, deadline=deadline)
+            futures.extend(zip(chunks, submitted, strict=True))
         total = sum(len(chunk.positions) for chunk, _ in futures)
         return SendResults.gather(topic, total, [
             (chunk.positions, self._send_chunk(topic, chunk.queue_id, chunk.table, False, deadline, parts))

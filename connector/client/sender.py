@@ -241,43 +241,67 @@ class PipelinedSender:
         resolves to a ``SendResult`` (``single``) or ``SendResults``, one per row, or fails by
         ``deadline`` (``time.monotonic()``; default: now + ``delivery_timeout``).
         """
+        return self.submit_tables(topic, [(queue_id, data)], single=single, urgent=urgent, deadline=deadline)[0]
+
+    def submit_tables(
+        self,
+        topic: str,
+        shares: list[tuple[int, pa.Table | list[dict]]],
+        *,
+        single: bool,
+        urgent: bool,
+        deadline: float | None = None,
+    ) -> list[list[Future]]:
+        """``submit`` of several queues' rows at once, ``(queue_id, data)`` each: one pass under the
+        lock and one wake-up of the dispatcher for all of them. A table routed over a thousand
+        queues, submitted a queue at a time, woke the dispatcher a thousand times, and the caller
+        spent most of its time waiting for the GIL it handed over. Futures per share, in order."""
         default_deadline = time.monotonic() + self.delivery_timeout
         # A deadline well before the usual one must be seen by the watchdog now (it looks every 0.5 s).
         shortened = deadline is not None and deadline < default_deadline - _WATCH_INTERVAL_S
         if deadline is None:
             deadline = default_deadline
-        chunks = []
-        if isinstance(data, list):
-            futures = [SendFuture() for _ in data] if single else [SendFuture()]
-            chunks.append(_Chunk(None, data, futures, single, sum(map(_row_bytes, data)), len(data), deadline))
-        else:
-            step = self.max_batch_messages
-            if data.num_rows > 1 and data.nbytes > self.max_batch_bytes:
-                step = max(1, min(step, int(data.num_rows * self.max_batch_bytes / data.nbytes)))
-            for start in range(0, data.num_rows, step):
-                part = data.slice(start, step)
-                chunks.append(_Chunk(part, None, [SendFuture()], single, part.nbytes, part.num_rows, deadline))
+        split = [(queue_id, self._chunks(data, single, deadline)) for queue_id, data in shares]
+        wake = urgent or shortened
         with self._cond:
             self._take_inbox()
-            partition = self._partition_with_room(topic, queue_id)
-            was_empty = not partition.pending
-            if was_empty:
-                partition.oldest = time.monotonic()
-            for chunk in chunks:
-                partition.pending.append(chunk)
-                partition.pending_rows += chunk.num_rows
-                partition.pending_bytes += chunk.nbytes
-                self._buffered += chunk.num_rows
-            partition.urgent = partition.urgent or urgent
-            self._outstanding += _futures(chunks)
+            for queue_id, chunks in split:
+                if self._buffered >= self.max_buffered:
+                    self._cond.notify_all()  # what is queued must leave to make room
+                partition = self._partition_with_room(topic, queue_id)
+                was_empty = not partition.pending
+                if was_empty:
+                    partition.oldest = time.monotonic()
+                for chunk in chunks:
+                    partition.pending.append(chunk)
+                    partition.pending_rows += chunk.num_rows
+                    partition.pending_bytes += chunk.nbytes
+                    self._buffered += chunk.num_rows
+                partition.urgent = partition.urgent or urgent
+                self._outstanding += _futures(chunks)
+                wake = wake or was_empty or self._full(partition)
             # Wake the threads only when this changes what they wait for: a queue to linger on, a
             # batch due now, or an earlier deadline. A wake-up per message would make the caller and
             # the dispatcher trade the GIL for every send.
-            if was_empty or urgent or shortened or self._full(partition):
+            if wake:
                 self._cond.notify_all()
             if shortened:
                 self._watch.notify()
-        return [future for c in chunks for future in c.futures]
+        return [[future for c in chunks for future in c.futures] for _, chunks in split]
+
+    def _chunks(self, data: pa.Table | list[dict], single: bool, deadline: float) -> list[_Chunk]:
+        """One queue's rows cut into chunks of at most one batch each."""
+        if isinstance(data, list):
+            futures = [SendFuture() for _ in data] if single else [SendFuture()]
+            return [_Chunk(None, data, futures, single, sum(map(_row_bytes, data)), len(data), deadline)]
+        step = self.max_batch_messages
+        if data.num_rows > 1 and data.nbytes > self.max_batch_bytes:
+            step = max(1, min(step, int(data.num_rows * self.max_batch_bytes / data.nbytes)))
+        chunks = []
+        for start in range(0, data.num_rows, step):
+            part = data.slice(start, step)
+            chunks.append(_Chunk(part, None, [SendFuture()], single, part.nbytes, part.num_rows, deadline))
+        return chunks
 
     def submit_one(self, topic: str, queue_id: int, row: dict, deadline: float) -> Future:
         """``submit`` of one validated message dict, not urgent (an asynchronous send): added to

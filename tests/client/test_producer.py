@@ -195,6 +195,23 @@ def test_send_batch_from_table_and_dicts_keeps_input_order(broker, admin, produc
     assert_per_key_order(read_topic(broker.address, topic_name), expected, 3)
 
 
+@pytest.mark.parametrize("max_buffered", [100_000, 500], ids=["room", "buffer-full"])
+def test_send_batch_spread_over_many_queues_keeps_each_keys_order(broker, admin, topic_name, max_buffered):
+    """A table spread thin over 512 queues is submitted at once (one pass for all its queues); with
+    a buffer smaller than the table, its queues wait in turn for room. Per key, every row stored
+    once and in order; each result says where its row is."""
+    admin.create_topic(topic_name, 512)
+    keys, rounds = 1500, 4
+    with Producer(broker.address, max_buffered_messages=max_buffered) as producer:
+        for seq in range(rounds):
+            table = pa.table({"key": [f"k{i}" for i in range(keys)], "body": [str(seq)] * keys})
+            results = producer.send_batch(topic_name, table)
+            assert [r.queue_id for r in results] == [queue_for_key(f"k{i}", 512) for i in range(keys)]
+    stored = read_topic(broker.address, topic_name)
+    assert_per_key_order(stored, {f"k{i}": rounds for i in range(keys)}, 512)
+    assert results[7].queue_offset == [m.queue_offset for m in stored[results[7].queue_id] if m.key == "k7"][-1]
+
+
 def test_selectors_modulo_callable_random_and_round_robin(broker, admin, producer, topic_name):
     admin.create_topic(topic_name, 4)
     assert producer.send(topic_name, b"a", selector="modulo", arg=1001).queue_id == 1001 % 4
