@@ -79,6 +79,26 @@ def test_metadata_at_the_limits_is_accepted():
     assert codec.message_batch(codec.encode(table))[1] == 2
 
 
+@pytest.mark.parametrize("rows", [3, 64, 65, 1000])
+def test_every_row_is_checked_in_batches_small_and_large(rows):
+    """A small batch's born timestamps are compared in Python, a large one's with numpy, and a
+    properties column that is mostly null is still read: the one bad value is found either way."""
+    def table(**columns) -> pa.Table:
+        base = {"key": pa.array(["k"] * rows), "tag": pa.nulls(rows, pa.string()), "body": pa.array([b"x"] * rows),
+                "properties": pa.nulls(rows, codec.PROPERTIES_TYPE),
+                "born_timestamp": pa.array([1] * rows, codec.TIMESTAMP_MS)}
+        return pa.table({**base, **columns}, schema=codec.MESSAGE_SCHEMA)
+
+    last = rows - 1
+    assert codec.message_batch(codec.encode(table()))[1] == rows
+    too_late = codec.MAX_BORN_MS + 1
+    with pytest.raises(BadBatchError, match=f"holds {too_late}, not a time"):
+        codec.message_batch(codec.encode(table(born_timestamp=pa.array([1] * last + [too_late], codec.TIMESTAMP_MS))))
+    with pytest.raises(BadBatchError, match="property value in the batch is 32769 bytes"):
+        properties = pa.array([None] * last + [[("k", "v" * 32_769)]], codec.PROPERTIES_TYPE)
+        codec.message_batch(codec.encode(table(properties=properties)))
+
+
 def test_the_limits_count_only_non_null_values_of_any_slice():
     # A null tag whose offsets span 300 bytes: Arrow allows it, and the limit is not about it.
     data = pa.py_buffer(b"t" * 301)
