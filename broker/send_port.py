@@ -130,13 +130,33 @@ class _Greeter(asyncio.Protocol):
             connection.feed(bytes(self._buffer[HELLO_SIZE:]))
 
 
+class _Stored:
+    """A send stored on arrival (``_Transport.store_now``): its answer, given once ``replicated``
+    is done (None: at once)."""
+
+    __slots__ = ("answer", "replicated", "request")
+
+    def __init__(self, request: pb.SendRequest, answer: pb.SendResponse, replicated: asyncio.Future | None) -> None:
+        self.request = request
+        self.answer = answer
+        self.replicated = replicated
+
+
 class _SendConnection(FramedConnection):
-    """One client's sends: frames in, answers out in the same order."""
+    """One client's sends: frames in, answers out in the same order.
+
+    In a broker group, a send that may be stored on the loop is stored as it arrives, and answered
+    once its slaves hold it: the sends behind it are stored meanwhile, so that a pipelining client's
+    batches wait for one round of the slaves' fetches together, not for one round each. A request
+    that runs elsewhere (a thread: big batches, transactions) holds the ones behind it back until it
+    is done, so that the log keeps the order the requests came in."""
 
     def __init__(self, transport, max_frame: int, registry: set) -> None:
         super().__init__(max_frame, registry)
         self._sends = transport  # broker.server._Transport: where a send runs, how a failure is answered
-        self._queued: deque[tuple[pb.SendRequest | pb.SendResponse, int, float]]  # (request, size, started)
+        # (request, size, started); a request stored on arrival is queued as its _Stored
+        self._queued: deque[tuple[pb.SendRequest | pb.SendResponse | _Stored, int, float]]
+        self._unstored = 0  # requests queued or being handled that are not stored yet
         self._unwritten: list[bytes] = []  # answers to the frames of one read, written together
 
     def buffer_updated(self, nbytes: int) -> None:
@@ -153,7 +173,13 @@ class _SendConnection(FramedConnection):
         if self._worker is None and (isinstance(request, pb.SendResponse) or self._sends.answers_at_once(request, size)):
             self._answer(self._store_now(request), started)
             return
-        self._queued.append((request, size, started))
+        if isinstance(request, pb.SendResponse):
+            self._queued.append((request, size, started))
+        elif not self._unstored and self._sends.stores_before_answering(request, size):
+            self._queued.append((_Stored(request, *self._sends.store_now(request)), size, started))
+        else:
+            self._unstored += 1
+            self._queued.append((request, size, started))
         if self._worker is None:
             self._worker = asyncio.get_running_loop().create_task(self._drain())
         if len(self._queued) >= _MAX_QUEUED:
@@ -171,18 +197,33 @@ class _SendConnection(FramedConnection):
         """Answer the queued requests in order, each where ``_Transport.send`` runs it."""
         while self._queued:
             request, size, started = self._queued.popleft()
-            if isinstance(request, pb.SendResponse):
-                answer = request
-            else:
-                try:
-                    answer = await self._sends.send(request, size)
-                except Exception as exc:  # noqa: BLE001 - answered, the connection stays open
-                    answer = self._sends.send_failure(request, exc)
-            self._answer(answer, started)
-            self._write_answers()
+            self._answer(await self._settled(request, size), started)
             if len(self._queued) < _MAX_QUEUED // 2:
                 self._resume("queued")
+        self._write_answers()
         self._worker = None
+
+    async def _settled(self, request: pb.SendRequest | pb.SendResponse | _Stored, size: int) -> pb.SendResponse:
+        """A queued request's answer; the answers before it are written before any wait."""
+        if isinstance(request, pb.SendResponse):
+            return request
+        if isinstance(request, _Stored):
+            if request.replicated is None:
+                return request.answer
+            if not request.replicated.done():
+                self._write_answers()
+            try:
+                await request.replicated
+            except Exception as exc:  # noqa: BLE001 - answered, the connection stays open
+                return self._sends.send_failure(request.request, exc)
+            return request.answer
+        self._write_answers()
+        try:
+            return await self._sends.send(request, size)
+        except Exception as exc:  # noqa: BLE001 - answered, the connection stays open
+            return self._sends.send_failure(request, exc)
+        finally:
+            self._unstored -= 1
 
     def _answer(self, answer: pb.SendResponse, started: float) -> None:
         payload = answer.SerializeToString()

@@ -147,6 +147,19 @@ class _Transport:
         group, whose sends may await their slaves."""
         return not self.clustered and self.send_on_loop(request, size)
 
+    def stores_before_answering(self, request: pb.SendRequest | SendRequestView, size: int) -> bool:
+        """Whether a send may be stored on arrival and answered once its slaves hold it
+        (``store_now``), while the sends before it still wait for theirs: a broker group's."""
+        return self.clustered and self.send_on_loop(request, size)
+
+    def store_now(self, request: pb.SendRequest | SendRequestView) -> tuple[pb.SendResponse, asyncio.Future | None]:
+        """A ``stores_before_answering`` send stored: its answer, and what to await before giving
+        it (None: nothing, or an error answer, given as it is)."""
+        try:
+            return self.service.append_replicated(request)
+        except Exception as exc:  # noqa: BLE001 - answered, the connection stays open
+            return self.send_failure(request, exc), None
+
     async def send(self, request: pb.SendRequest | SendRequestView, size: int) -> pb.SendResponse:
         if self.send_on_loop(request, size):
             return await self.service.send_replicated(request) if self.clustered else self.service.Send(request)

@@ -8,6 +8,7 @@ is split in three (``pull_queue``, the wait, ``pull_read``) so that its wait hol
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import logging
@@ -245,10 +246,18 @@ class BrokerService:
     async def send_replicated(self, request) -> pb.SendResponse:
         """``Send`` of a batch outside a transaction, on the event loop of a broker group's master:
         the wait for its slaves is awaited, with no thread sleeping through it."""
+        answer, replicated = self.append_replicated(request)
+        if replicated is not None:
+            await replicated
+        return answer
+
+    def append_replicated(self, request) -> tuple[pb.SendResponse, asyncio.Future | None]:
+        """``send_replicated`` in two steps, on the event loop: the batch stored now (its answer),
+        and what to await for the slaves to hold it before that answer is given (None: nothing).
+        Until then the next batches can be stored: the slaves fetch them together."""
         self._still_master()
         answer = self._append(request)
-        await self.cluster.replicated(request.topic, request.queue_id, answer.base_offset + answer.count)
-        return answer
+        return answer, self.cluster.replicated(request.topic, request.queue_id, answer.base_offset + answer.count)
 
     def _append(self, request) -> pb.SendResponse:
         queue = self._queue(request.topic, request.queue_id)

@@ -42,6 +42,7 @@ sessions, so nothing changes) or reports the session lost (it steps down for goo
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import threading
@@ -151,11 +152,12 @@ class ClusterNode:
         if self.config.replication == "sync":
             self.source.wait_replicated(topic, queue_id, end)
 
-    async def replicated(self, topic: str, queue_id: int, end: int) -> None:
-        """``stored`` on the event loop: the wait for the slaves is awaited, not slept through."""
+    def replicated(self, topic: str, queue_id: int, end: int) -> asyncio.Future | None:
+        """``stored`` on the event loop: what to await for the slaves to hold it (None: nothing)."""
         self.source.changed()
         if self.config.replication == "sync":
-            await self.source.replicated(topic, queue_id, end)
+            return self.source.replicated(topic, queue_id, end)
+        return None
 
     def changed(self, offsets: bool = False) -> None:
         self.source.changed(offsets)

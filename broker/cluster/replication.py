@@ -151,12 +151,16 @@ class ReplicaSource:
         self._wait_for_sync_set(*self._holds(topic, queue_id, end))
         self._acknowledged(topic, queue_id, end)
 
-    async def replicated(self, topic: str, queue_id: int, end: int) -> None:
-        """``wait_replicated`` on the event loop, awaiting the fetch that acknowledges it."""
+    def replicated(self, topic: str, queue_id: int, end: int) -> asyncio.Future | None:
+        """``wait_replicated`` on the event loop: None when acknowledged already, else a future
+        done when the fetch that acknowledges it came (acknowledged first), or failed."""
         waiter = self._loop_waiter(*self._holds(topic, queue_id, end))
-        if waiter is not None:
-            await waiter
-        self._acknowledged(topic, queue_id, end)
+        if waiter is None:
+            self._acknowledged(topic, queue_id, end)
+            return None
+        waiter.add_done_callback(
+            lambda done: done.cancelled() or done.exception() is not None or self._acknowledged(topic, queue_id, end))
+        return waiter
 
     @staticmethod
     def _holds(topic: str, queue_id: int, end: int) -> tuple[Callable[[_Follower], bool], str, str]:

@@ -142,8 +142,8 @@ def _acknowledge_up_to(source: ReplicaSource, offset: int) -> None:
 
 def test_a_send_on_the_loop_awaits_the_fetch_that_acknowledges_it_and_fails_on_timeout_or_step_down(tmp_path):
     """``replicated`` on the event loop: answered once the slave's fetch reaches its end (taken on
-    the loop or on another thread), not before; a timed-out wait and one cut by a step-down fail
-    with ``ReplicationTimeoutError``, and no waiter is left behind."""
+    the loop or on another thread), not before, and acknowledged by then; a timed-out wait and one
+    cut by a step-down fail with ``ReplicationTimeoutError``, and no waiter is left behind."""
     service = BrokerService(BrokerConfig(data_dir=str(tmp_path / "master"), replica_lag_timeout_ms=100))
     service.CreateTopic(pb.CreateTopicRequest(topic="t", queue_count=1))
     source = ReplicaSource(service, EpochHistory(tmp_path / "epochs.json"), 0, lambda: NotMasterError("stepped down"))
@@ -151,7 +151,7 @@ def test_a_send_on_the_loop_awaits_the_fetch_that_acknowledges_it_and_fails_on_t
     source._answer(pb.ReplicaFetch(broker_id=1, group_epoch=1, handshake=True), FetchStream(source))
 
     async def scenario() -> None:
-        waiting = asyncio.create_task(source.replicated("t", 0, 5))
+        waiting = source.replicated("t", 0, 5)
         _acknowledge_up_to(source, 4)
         await asyncio.sleep(0.05)
         assert not waiting.done(), "the slave is short of the send's end"
@@ -159,10 +159,12 @@ def test_a_send_on_the_loop_awaits_the_fetch_that_acknowledges_it_and_fails_on_t
         taker.start()
         await asyncio.wait_for(waiting, 5)
         taker.join()
-        await source.replicated("t", 0, 5)  # held already: answered at once
+        assert source._high_watermark == {"t/0": 5}, "acknowledged before the wait ends"
+        assert source.replicated("t", 0, 5) is None  # held already: nothing to wait for
         with pytest.raises(ReplicationTimeoutError, match="not on its sync-state set"):
             await source.replicated("t", 0, 9)
-        cut = asyncio.create_task(source.replicated("t", 0, 9))
+        assert source._high_watermark == {"t/0": 5}, "a failed wait acknowledges nothing"
+        cut = source.replicated("t", 0, 9)
         await asyncio.sleep(0.01)
         source.deactivate()
         with pytest.raises(ReplicationTimeoutError, match="stopped being master"):

@@ -21,7 +21,10 @@ import pytest
 
 from broker.cluster.fetches import LeanFetches
 from broker.launcher import free_port
+from broker.wire import codec
 from broker.wire.errors import FencedError, NotMasterError
+from broker.wire.frames import LENGTH
+from broker.wire.one_message import encode_one
 from connector.client import Admin, Producer
 from connector.client.connection import BrokerConnection, pb
 from connector.client.pull_port import open_pull_link
@@ -212,3 +215,55 @@ def test_a_masters_lean_port_answers_sync_sends_once_replicated_and_the_next_mas
     assert pulled_on_port >= QUEUES - 1, "the first read's link found a slave; the others the master's port"
     assert on_first_port == 300, "every send to the first master went over its port"
     assert on_second_port >= 250, "after the hand-over, the new master's port"
+
+
+def test_a_burst_on_a_masters_lean_port_is_stored_as_it_comes_and_answered_once_replicated(broker_group):
+    """A pipelining client's burst on the master's lean port: each small send is stored as it
+    arrives and answered, in request order, once the slave holds it. A send run on a thread (a big
+    batch, a transactional send) holds the sends behind it back until it is done, so the log keeps
+    the request order, and a malformed frame gets its error in its place. The master is then
+    killed: the slave that takes over holds every acknowledged send once, each key in order."""
+    from tests.broker.test_send_port import Raw
+
+    group = broker_group(2)
+    master = group.wait_for_master()
+    with Admin(group.addresses) as admin:
+        admin.create_topic(TOPIC, QUEUES)
+    with BrokerConnection(master.address) as conn:
+        port = conn.call("Health", pb.HealthRequest()).send_port
+        conn.call("BeginTxn", pb.BeginTxnRequest(txn_id="tx-burst"))
+    history, frames, expected = History(), [], []
+    sent = dict.fromkeys([*(f"k{q}" for q in range(QUEUES)), "staged"], 0)
+
+    def send(i: int, key: str, count: int, **fields) -> None:
+        rows = [{"key": key, "body": body(key, sent[key] + n), "born_timestamp": codec.now_ms()} for n in range(count)]
+        batch = encode_one(rows[0]) if count == 1 else codec.encode(codec.messages_to_batch(rows))
+        frames.append(pb.SendRequest(topic=TOPIC, queue_id=i % QUEUES, batch=batch, **fields).SerializeToString())
+        if not fields:
+            for n in range(count):
+                history.sent(key, sent[key] + n, acked=True)
+            sent[key] += count
+
+    for i in range(400):
+        key = f"k{i % QUEUES}"
+        if i % 97 == 13:
+            frames.append(b"\xff\xff\xff")
+            expected.append("InvalidRequestError")
+        elif i == 300:
+            send(i, "staged", 1, txn_id="tx-burst")
+            expected.append("staged")
+        else:
+            send(i, key, 5000 if i == 200 else 1)  # over what is stored on the loop: it runs on a thread
+            expected.append(key)
+    raw = Raw(master.address, port)
+    raw.sock.sendall(b"".join(LENGTH.pack(len(f)) + f for f in frames))
+    answers = [raw.answer() for _ in frames]
+    raw.close()
+    got = [a.error_kind if a.error_code else "staged" if a.base_offset == -1 else f"k{a.queue_id}" for a in answers]
+    assert got == expected
+    assert answers[200].count == 5000 and len(frames[200]) > 64 * 1024
+    master.kill9()
+    promoted = group.wait_for_master(exclude=master)
+    with BrokerConnection(promoted.address) as conn:
+        verdict = check(history.sends, stored_deliveries(conn, TOPIC))
+    assert verdict.ok and verdict.deliveries == len(history.sends), str(verdict)
