@@ -69,6 +69,7 @@ _ON_LOOP_CLUSTERED = _ON_LOOP - {"DescribeTopic", "ListTopics"}
 # A send at most this big, not transactional, with flush = "async", is stored on the loop: it is a
 # page-cache write, cheaper than the hop to a thread. Bigger batches are decoded on a thread.
 _ON_LOOP_SEND_BYTES = 64 * 1024
+_STORED_AHEAD = 1024  # a broker group's stream: sends stored and waiting for their slaves, at most
 _MAX_PENDING_CALLS = 100_000
 _STATUS_NAMES = {status.value[0]: status.name for status in grpc.StatusCode}
 _DEADLINE_MARGIN_S = 0.05  # a long poll answers this long before the caller's deadline
@@ -271,10 +272,62 @@ class _Transport:
         user = await self.admit(context, "SendStream", time.perf_counter()) if self.guard is not None else None
         self.metrics.send_streams.inc()
         try:
-            async for raw in request_iterator:
-                yield await self._stream_answer(raw, user)
+            if self.clustered:
+                async for answer in self._replicated_answers(request_iterator, user):
+                    yield answer
+            else:
+                async for raw in request_iterator:
+                    yield await self._stream_answer(raw, user)
         finally:
             self.metrics.send_streams.dec()
+
+    async def _replicated_answers(self, request_iterator, user: str | None):
+        """A broker group's stream: each send stored as it is read and answered, in order, once
+        its slaves hold it (as the send port does, ``broker.send_port``). A send run on a thread is
+        done before the next request is read, which keeps the log in request order."""
+        taken: asyncio.Queue = asyncio.Queue(_STORED_AHEAD)
+
+        async def take() -> None:
+            try:
+                async for raw in request_iterator:
+                    await taken.put(await self._stream_store(raw, user))
+            except Exception as exc:  # noqa: BLE001 - ends the stream, as it would have in the handler
+                await taken.put(exc)
+            else:
+                await taken.put(None)
+
+        taker = asyncio.get_running_loop().create_task(take())
+        try:
+            while (entry := await taken.get()) is not None:
+                if isinstance(entry, Exception):
+                    raise entry
+                started, request, answer, replicated = entry
+                if replicated is not None:
+                    try:
+                        await replicated
+                    except Exception as exc:  # noqa: BLE001 - reported per request, the stream stays open
+                        answer = self.send_failure(request, exc)
+                self.metrics.rpc_done("SendStream", started,
+                                      _STATUS_NAMES.get(answer.error_code) if answer.error_code else None)
+                yield answer
+        finally:
+            taker.cancel()
+
+    async def _stream_store(self, raw: bytes, user: str | None) -> tuple[float, Any, pb.SendResponse, Any]:
+        """``_stream_request`` of a broker group's stream: (started, request, answer, what to await
+        before answering or None)."""
+        started = time.perf_counter()
+        request = self.parse_send(raw)
+        if isinstance(request, pb.SendResponse):
+            return started, None, request, None
+        try:
+            if user is not None:
+                self.guard.authorize(user, "SendStream", request)
+            if self.stores_before_answering(request, len(raw)):
+                return started, request, *self.store_now(request)
+            return started, request, await self.send(request, len(raw)), None
+        except Exception as exc:  # noqa: BLE001 - reported per request, the stream stays open
+            return started, request, self.send_failure(request, exc), None
 
     async def _stream_answer(self, raw: bytes, user: str | None) -> pb.SendResponse:
         started = time.perf_counter()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 
+import grpc
 import pytest
 
 from broker.cluster.fetches import LeanFetches
@@ -217,14 +218,33 @@ def test_a_masters_lean_port_answers_sync_sends_once_replicated_and_the_next_mas
     assert on_second_port >= 250, "after the hand-over, the new master's port"
 
 
-def test_a_burst_on_a_masters_lean_port_is_stored_as_it_comes_and_answered_once_replicated(broker_group):
-    """A pipelining client's burst on the master's lean port: each small send is stored as it
-    arrives and answered, in request order, once the slave holds it. A send run on a thread (a big
-    batch, a transactional send) holds the sends behind it back until it is done, so the log keeps
-    the request order, and a malformed frame gets its error in its place. The master is then
-    killed: the slave that takes over holds every acknowledged send once, each key in order."""
+def _answers_over_port(address: str, port: int, frames: list[bytes]) -> list[pb.SendResponse]:
+    """The answers to ``frames``, all written at once to the lean port."""
     from tests.broker.test_send_port import Raw
 
+    raw = Raw(address, port)
+    raw.sock.sendall(b"".join(LENGTH.pack(len(f)) + f for f in frames))
+    answers = [raw.answer() for _ in frames]
+    raw.close()
+    return answers
+
+
+def _answers_over_grpc(address: str, frames: list[bytes]) -> list[pb.SendResponse]:
+    """The answers to ``frames`` on one ``SendStream`` call, its requests as they are (bytes)."""
+    with grpc.insecure_channel(address) as channel:
+        stream = channel.stream_stream("/orderlymq.v1.OrderlyMQ/SendStream", request_serializer=None,
+                                       response_deserializer=pb.SendResponse.FromString)
+        return list(stream(iter(frames), timeout=60))
+
+
+@pytest.mark.parametrize("path", ["lean port", "gRPC"])
+def test_a_burst_on_a_master_is_stored_as_it_comes_and_answered_once_replicated(broker_group, path):
+    """A pipelining client's burst on the master's lean port, or on one ``SendStream``: each small
+    send is stored as it arrives and answered, in request order, once the slave holds it. A send
+    run on a thread (a big batch, a transactional send) holds the sends behind it back until it is
+    done, so the log keeps the request order, and a malformed request gets its error in its place.
+    The master is then killed: the slave that takes over holds every acknowledged send once, each
+    key in order."""
     group = broker_group(2)
     master = group.wait_for_master()
     with Admin(group.addresses) as admin:
@@ -255,10 +275,10 @@ def test_a_burst_on_a_masters_lean_port_is_stored_as_it_comes_and_answered_once_
         else:
             send(i, key, 5000 if i == 200 else 1)  # over what is stored on the loop: it runs on a thread
             expected.append(key)
-    raw = Raw(master.address, port)
-    raw.sock.sendall(b"".join(LENGTH.pack(len(f)) + f for f in frames))
-    answers = [raw.answer() for _ in frames]
-    raw.close()
+    if path == "lean port":
+        answers = _answers_over_port(master.address, port, frames)
+    else:
+        answers = _answers_over_grpc(master.address, frames)
     got = [a.error_kind if a.error_code else "staged" if a.base_offset == -1 else f"k{a.queue_id}" for a in answers]
     assert got == expected
     assert answers[200].count == 5000 and len(frames[200]) > 64 * 1024
