@@ -307,15 +307,13 @@ class _Transport:
                         await replicated
                     except Exception as exc:  # noqa: BLE001 - reported per request, the stream stays open
                         answer = self.send_failure(request, exc)
-                self.metrics.rpc_done("SendStream", started,
-                                      _STATUS_NAMES.get(answer.error_code) if answer.error_code else None)
-                yield answer
+                yield self._stream_answered(started, answer)
         finally:
             taker.cancel()
 
     async def _stream_store(self, raw: bytes, user: str | None) -> tuple[float, Any, pb.SendResponse, Any]:
-        """``_stream_request`` of a broker group's stream: (started, request, answer, what to await
-        before answering or None)."""
+        """One request of a stream handled: (started, request, answer, what to await before
+        answering or None: always None outside a broker group)."""
         started = time.perf_counter()
         request = self.parse_send(raw)
         if isinstance(request, pb.SendResponse):
@@ -330,8 +328,10 @@ class _Transport:
             return started, request, self.send_failure(request, exc), None
 
     async def _stream_answer(self, raw: bytes, user: str | None) -> pb.SendResponse:
-        started = time.perf_counter()
-        answer = await self._stream_request(raw, user)
+        started, _request, answer, _nothing_to_await = await self._stream_store(raw, user)
+        return self._stream_answered(started, answer)
+
+    def _stream_answered(self, started: float, answer: pb.SendResponse) -> pb.SendResponse:
         self.metrics.rpc_done("SendStream", started, _STATUS_NAMES.get(answer.error_code) if answer.error_code else None)
         return answer
 
@@ -352,17 +352,6 @@ class _Transport:
             log.error("send request failed", exc_info=exc)
         return pb.SendResponse(queue_id=request.queue_id, error_code=code.value[0], error_kind=kind,
                                error_message=message)
-
-    async def _stream_request(self, raw: bytes, user: str | None) -> pb.SendResponse:
-        request = self.parse_send(raw)
-        if isinstance(request, pb.SendResponse):
-            return request
-        try:
-            if user is not None:
-                self.guard.authorize(user, "SendStream", request)
-            return await self.send(request, len(raw))
-        except Exception as exc:  # noqa: BLE001 - reported per request, the stream stays open
-            return self.send_failure(request, exc)
 
     def guarded_stream(self, name: str, behaviour: Callable[..., Any]) -> Callable[..., Any]:
         """A stream-stream handler (the Replication service) under access control: authenticated
