@@ -9,7 +9,7 @@ export SPARK_LOCAL_IP ?= 127.0.0.1
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: demo cluster test faults fuse browser zookeeper faketime bench proto constraints lint clean
+.PHONY: demo cluster test faults fuse browser zookeeper faketime jdk bench proto constraints lint clean
 
 # The power-loss scenarios (tests/faults/test_power_loss.py) mount a FUSE file system: Debian's fuse3
 # (fusermount3) and libfuse3, installed once when missing.
@@ -21,7 +21,27 @@ $(STAMP): setup.py constraints.txt
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[test]' --config-settings editable_mode=compat
 	touch $(STAMP)
 
-demo: $(STAMP)  ## start the embedded broker and run the demo pipeline
+# Hadoop's local file system without a forked chmod per file (connector/spark/local_fs.py), compiled
+# against the Hadoop API jar of the pyspark in .venv. Jobs, tests and benchmarks put it on Spark's class path.
+HADOOP_FS_JAR := connector/spark/jars/orderlymq-hadoop.jar
+HADOOP_FS_SRC := $(wildcard connector/spark/jvm/org/orderlymq/hadoop/*.java)
+HADOOP_API_JAR = $(shell $(PY) -c 'import glob, os, pyspark; print(*glob.glob(os.path.join(os.path.dirname(pyspark.__file__), "jars", "hadoop-client-api-*.jar")))')
+
+$(HADOOP_FS_JAR): $(HADOOP_FS_SRC) $(STAMP) | jdk
+	rm -rf $(@D)/classes && mkdir -p $(@D)/classes
+	javac --release 17 -cp $(HADOOP_API_JAR) -d $(@D)/classes $(HADOOP_FS_SRC)
+	jar cf $@ -C $(@D)/classes .
+	rm -rf $(@D)/classes
+
+# javac and jar for the jar above: Debian's JDK 17 (Spark itself needs only the runtime), installed once when missing.
+jdk:  ## Debian's JDK 17 to compile the Hadoop file system class (nothing to do when present)
+	@if ! command -v javac >/dev/null 2>&1 || ! command -v jar >/dev/null 2>&1; then \
+		echo "installing Debian's openjdk-17-jdk-headless (javac, to build $(HADOOP_FS_JAR))"; \
+		$(SUDO) apt-get update -qq >/dev/null && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq openjdk-17-jdk-headless >/dev/null; \
+	fi
+
+demo: $(STAMP) $(HADOOP_FS_JAR)  ## start the embedded broker and run the demo pipeline
 	$(PY) spark_jobs/demo.py $(ARGS)
 
 cluster: $(STAMP) zookeeper  ## a local cluster: ZooKeeper + 3 broker groups x 2 brokers on loopback (Ctrl-C stops it)
@@ -63,13 +83,13 @@ faketime:  ## Debian's libfaketime for the clock-step tests (nothing to do when 
 # TEST_WORKERS=0 runs everything in one process.
 TEST_WORKERS ?= 2
 
-test: $(STAMP) fuse browser zookeeper faketime  ## the whole test suite (what CI runs)
+test: $(STAMP) $(HADOOP_FS_JAR) fuse browser zookeeper faketime  ## the whole test suite (what CI runs)
 	$(PY) -m pytest -n $(TEST_WORKERS) $(ARGS)
 
-faults: $(STAMP) fuse zookeeper faketime  ## the long versions of the fault scenarios
+faults: $(STAMP) $(HADOOP_FS_JAR) fuse zookeeper faketime  ## the long versions of the fault scenarios
 	ORDERLYMQ_FAULTS=long $(PY) -m pytest tests/faults $(ARGS)
 
-bench: $(STAMP)  ## benchmarks (Redis Streams and NATS JetStream as peers): a table and bench-results.json
+bench: $(STAMP) $(HADOOP_FS_JAR)  ## benchmarks (Redis Streams and NATS JetStream as peers): a table and bench-results.json
 	$(PY) spark_jobs/bench.py $(ARGS)
 
 proto: $(STAMP)  ## regenerate the gRPC stubs from broker/proto/orderlymq.proto
@@ -83,4 +103,4 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
 clean:
-	rm -rf $(VENV) data bench-results.json
+	rm -rf $(VENV) data bench-results.json $(HADOOP_FS_JAR)

@@ -23,9 +23,11 @@ def spark_session(app_name: str, master: str | None = None):
     prepare_environment()
     from pyspark.sql import SparkSession
 
+    from connector.spark.local_fs import local_fs_conf
+
     builder = SparkSession.builder.appName(app_name)
-    if "PYSPARK_GATEWAY_PORT" not in os.environ:  # not under spark-submit: we choose the master
-        builder = builder.master(master or "local[2]")
+    if "PYSPARK_GATEWAY_PORT" not in os.environ:  # not under spark-submit: we choose the master and class path
+        builder = builder.master(master or "local[2]").config(map=local_fs_conf())
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark  # format("orderlymq") is found through the installed pyspark_orderlymq module

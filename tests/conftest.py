@@ -58,13 +58,16 @@ def topic_name():
 @pytest.fixture(scope="session")
 def spark():
     """One local[2] SparkSession for the whole run (starting one costs ~10 s), with conf/'s settings
-    (spark-defaults.conf, log4j2.properties) as the jobs and the demo have them."""
+    (spark-defaults.conf, log4j2.properties) and the local file system the jobs and the demo have."""
     from pyspark.sql import SparkSession
+
+    from connector.spark.local_fs import local_fs_conf
 
     session = (
         SparkSession.builder.master("local[2]")
         .appName("orderlymq-tests")
         .config("spark.sql.shuffle.partitions", "4")
+        .config(map=local_fs_conf())
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("WARN")
