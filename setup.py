@@ -19,7 +19,9 @@ setup(
     "with a PySpark Structured Streaming source and sink",
     python_requires=">=3.10",
     packages=find_packages(include=["broker", "broker.*", "connector", "connector.*", "pyspark_orderlymq"]),
-    package_data={"broker.proto": ["*.proto", "*.pyi"], "connector.console": ["assets/*"]},
+    # The jar is there once `make` built it (connector/spark/local_fs.py); a wheel built after that carries it.
+    package_data={"broker.proto": ["*.proto", "*.pyi"], "connector.console": ["assets/*"],
+                  "connector.spark": ["jars/*.jar", "jvm/org/orderlymq/hadoop/*.java"]},
     install_requires=[
         "grpcio>=1.85.1,<2",  # the generated stubs need at least the grpcio that generated them
         "protobuf>=7.35.1,<8",  # likewise for the protobuf runtime (same major version)
