@@ -25,6 +25,7 @@ from connector.spark.options import SinkOptions, SourceOptions
 from connector.spark.schema import checked_schema, source_schema
 from connector.spark.sink_columns import SinkColumns
 from connector.spark.stream_reader import OrderlyMQStreamReader
+from connector.spark.worker_gc import freeze_worker_objects
 from connector.spark.writer import OrderlyMQStreamWriter, OrderlyMQWriter
 
 __all__ = ["OrderlyMQDataSource"]
@@ -86,6 +87,9 @@ class OrderlyMQDataSource(DataSource):
         return OrderlyMQWriter(options, columns, _queue_counts(self.instance, options))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        # Called every micro-batch in two reused workers of the driver (the write's planning, and
+        # the commit), which run a full collection after each call: see connector.spark.worker_gc.
+        freeze_worker_objects()
         options, columns = _plan_write(self.options, schema)
         return OrderlyMQStreamWriter(options, columns, _queue_counts(self.instance, options),
                                      checkpoint=self.options.get("checkpointLocation"))

@@ -7,6 +7,11 @@ that walk (``perf``: ``gc_collect_main`` and its visitors) was about a third of 
 first task of a worker therefore collects once and freezes what is left (``gc.freeze``):
 collections after it walk only what later tasks make. Measured the same way, the collector's
 share of those workers fell to about a sixth.
+
+PySpark's daemon runs a full collection after every call a reused worker serves, and two workers
+of the driver serve the sink once per micro-batch (making its writer for the tasks, then for the
+commit): they freeze on their first call too. In a streaming query of a few rows per micro-batch
+those two workers had used 37 and 59 ms of CPU per micro-batch, then 3 and 22.
 """
 
 from __future__ import annotations
