@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import platform
+import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -36,6 +38,27 @@ def percentile(values: list[float], p: float) -> float:
         return float("nan")
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
+
+
+def medians(rounds: list[tuple[float, ...]]) -> tuple[float, ...]:
+    """Per figure, the median over rounds that measured every figure one after the other: on a
+    shared machine a figure and its ceiling then see the same load."""
+    return tuple(statistics.median(values) for values in zip(*rounds, strict=True))
+
+
+def round_ratios(rounds: list[tuple[float, ...]], figure: int, ceiling: int) -> dict[str, list[float]]:
+    """A row's ``extra``: the ratio of each round (a figure to the ceiling measured beside it), which
+    shows how far one run's rounds spread around the ratio of the medians."""
+    return {"round ratios": [round(each[figure] / each[ceiling], 3) for each in rounds]}
+
+
+def in_turn(measures: list[Callable[[], float]], round_index: int) -> tuple[float, ...]:
+    """One round: every figure measured once, one after the other, in the listed order in even
+    rounds and the reverse order in odd ones, so that no figure always runs first or last (a
+    figure run after another pays for what that one left behind: garbage, dirty pages)."""
+    order = range(len(measures)) if round_index % 2 == 0 else reversed(range(len(measures)))
+    figures = {i: measures[i]() for i in order}
+    return tuple(figures[i] for i in range(len(measures)))
 
 
 def write_report(rows: list[Row], path: Path, mode: str) -> None:

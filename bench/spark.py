@@ -15,7 +15,7 @@ from pathlib import Path
 
 from bench.broker import BODY_BYTES, make_batch, make_table
 from bench.memsource import DiscardSink, MemSource
-from bench.report import Row, percentile
+from bench.report import Row, in_turn, medians, percentile, round_ratios
 from broker.launcher import BrokerProcess
 from connector.client.connection import BrokerConnection, pb
 from spark_jobs.session import spark_session
@@ -53,27 +53,6 @@ def _mem(spark, rows: int):
             .option("rows", str(rows // QUEUES)).option("batchRows", str(PULL_BATCH_ROWS)).load())
 
 
-def _medians(rounds: list[tuple[float, ...]]) -> tuple[float, ...]:
-    """Per figure, the median over rounds that measured every figure one after the other: on a
-    shared machine a figure and its ceiling then see the same load."""
-    return tuple(statistics.median(values) for values in zip(*rounds, strict=True))
-
-
-def _round_ratios(rounds: list[tuple[float, ...]], figure: int, ceiling: int) -> dict[str, list[float]]:
-    """A row's ``extra``: the ratio of each round (a figure to the ceiling measured beside it), which
-    shows how far one run's rounds spread around the ratio of the medians."""
-    return {"round ratios": [round(each[figure] / each[ceiling], 3) for each in rounds]}
-
-
-def _in_turn(measures: list[Callable[[], float]], round_index: int) -> tuple[float, ...]:
-    """One round: every figure measured once, one after the other, in the listed order in even
-    rounds and the reverse order in odd ones, so that no figure always runs first or last (a
-    figure run after another pays for what that one left behind: garbage, dirty pages)."""
-    order = range(len(measures)) if round_index % 2 == 0 else reversed(range(len(measures)))
-    figures = {i: measures[i]() for i in order}
-    return tuple(figures[i] for i in range(len(measures)))
-
-
 def source_vs_ceiling(spark, workdir: Path, address: str, topic: str, rows: int,
                       rounds: int = 1) -> list[tuple[float, float]]:
     """Rows/s of the source and of ``benchmem``, per round."""
@@ -84,7 +63,7 @@ def source_vs_ceiling(spark, workdir: Path, address: str, topic: str, rows: int,
     def ceiling() -> float:
         return rows / _run_available_now(_mem(spark, rows), workdir / f"ck-{uuid.uuid4().hex}")
 
-    return [_in_turn([ours, ceiling], r) for r in range(rounds)]
+    return [in_turn([ours, ceiling], r) for r in range(rounds)]
 
 
 def sink_vs_ceiling(spark, workdir: Path, address: str, rows: int,
@@ -107,7 +86,7 @@ def sink_vs_ceiling(spark, workdir: Path, address: str, rows: int,
                                                  workdir / f"ck-{uuid.uuid4().hex}", sink)
 
     try:
-        return [_in_turn([ours("true"), ours("false"), ceiling("noop"), ceiling("benchdiscard")], r)
+        return [in_turn([ours("true"), ours("false"), ceiling("noop"), ceiling("benchdiscard")], r)
                 for r in range(rounds)]
     finally:
         conn.close()
@@ -262,18 +241,18 @@ def run(workdir: Path, quick: bool) -> list[Row]:
             source_vs_ceiling(spark, workdir, broker.address, warm_topic, warm_rows)
             sink_vs_ceiling(spark, workdir, broker.address, warm_rows)
             measured = source_vs_ceiling(spark, workdir, broker.address, "bench-src", rows_total, rounds)
-            ours, ceiling = _medians(measured)
+            ours, ceiling = medians(measured)
             out.append(Row("spark source: orderlymq -> noop (AvailableNow)", ours, "rows/s", ceiling,
-                           "benchmem -> noop", BODY_BYTES, QUEUES, ">= 0.8 of ceiling", _round_ratios(measured, 0, 1)))
+                           "benchmem -> noop", BODY_BYTES, QUEUES, ">= 0.8 of ceiling", round_ratios(measured, 0, 1)))
             measured = sink_vs_ceiling(spark, workdir, broker.address, rows_total, rounds)
-            eo, alo, noop, discard = _medians(measured)
+            eo, alo, noop, discard = medians(measured)
             out.append(Row("spark sink: benchmem -> orderlymq (exactly once)", eo, "rows/s", discard,
                            "benchmem -> Python discard writer", BODY_BYTES, QUEUES, ">= 0.8 of ceiling",
-                           _round_ratios(measured, 0, 3)))
+                           round_ratios(measured, 0, 3)))
             out.append(Row("spark sink: benchmem -> orderlymq (at least once)", alo, "rows/s", discard,
-                           "benchmem -> Python discard writer", BODY_BYTES, QUEUES, extra=_round_ratios(measured, 1, 3)))
+                           "benchmem -> Python discard writer", BODY_BYTES, QUEUES, extra=round_ratios(measured, 1, 3)))
             out.append(Row("spark sink ceiling: benchmem -> Python discard writer", discard, "rows/s", noop,
-                           "benchmem -> noop (JVM only)", BODY_BYTES, QUEUES, extra=_round_ratios(measured, 3, 2)))
+                           "benchmem -> noop (JVM only)", BODY_BYTES, QUEUES, extra=round_ratios(measured, 3, 2)))
             p50, p99, phases = end_to_end_latency(spark, workdir, broker.address, 25 if quick else 200)
             out.append(Row("end-to-end latency p50 (produce -> sink output)", p50, "ms", goal="<= 150 ms",
                            message_bytes=BODY_BYTES, queues=1, extra={"micro-batch phases, median ms": phases}))
