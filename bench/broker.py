@@ -14,6 +14,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -73,18 +74,9 @@ def ingest(workdir: Path, seconds: float, flush: str, rows_per_batch: int = 10_0
                        flush, "--log-level", "WARNING") as broker:
         conn = BrokerConnection(broker.address)
         conn.call("CreateTopic", pb.CreateTopicRequest(topic="bench", queue_count=queues))
-
-        def work(stop, i):
-            n, q = 0, i
-            while not stop.is_set():
-                conn.call("Send", requests[q % queues])
-                n += rows_per_batch
-                q += threads
-            return n
-
-        total, elapsed = _timed_threads(work, threads, seconds)
+        rate = _batches_rate(lambda q: conn.call("Send", requests[q % queues]), rows_per_batch, threads, seconds)
         conn.close()
-    return total / elapsed
+    return rate
 
 
 def ingest_ceiling(workdir: Path, seconds: float, rows_per_batch: int = 10_000, threads: int = 2) -> float:
@@ -94,16 +86,24 @@ def ingest_ceiling(workdir: Path, seconds: float, rows_per_batch: int = 10_000, 
     with CeilingProcess(workdir) as ceiling:
         channel = ceiling_channel(ceiling.address)
         push = push_callable(channel)
-
-        def work(stop, i):
-            n = 0
-            while not stop.is_set():
-                push(payload)
-                n += rows_per_batch
-            return n
-
-        total, elapsed = _timed_threads(work, threads, seconds)
+        rate = _batches_rate(lambda q: push(payload), rows_per_batch, threads, seconds)
         channel.close()
+    return rate
+
+
+def _batches_rate(send: Callable[[int], object], rows_per_batch: int, threads: int, seconds: float) -> float:
+    """Msgs/s of ``threads`` threads calling ``send(q)`` for ``seconds``, each call a batch of
+    ``rows_per_batch``; thread ``i`` counts ``q`` from ``i`` in steps of ``threads``."""
+
+    def work(stop, i):
+        n, q = 0, i
+        while not stop.is_set():
+            send(q)
+            n += rows_per_batch
+            q += threads
+        return n
+
+    total, elapsed = _timed_threads(work, threads, seconds)
     return total / elapsed
 
 
