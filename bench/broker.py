@@ -68,7 +68,8 @@ def ingest(workdir: Path, seconds: float, flush: str, rows_per_batch: int = 10_0
     through ``BrokerConnection`` as the client sends. Encoding a fresh 1.4 MB request per call would
     add the client's copy, about 1 ms of CPU each (its page faults, measured), which the ceiling
     does not pay."""
-    requests = [encode_send_request("bench", queue, make_batch(rows_per_batch, body_bytes)) for queue in range(queues)]
+    payload = make_batch(rows_per_batch, body_bytes)
+    requests = [encode_send_request("bench", queue, payload) for queue in range(queues)]
     os.sync()  # each run starts with no earlier run's writes still to go to disk
     with BrokerProcess(workdir / f"ingest-{flush}-{queues}-{body_bytes}-{threads}-{uuid.uuid4().hex[:6]}", "--flush",
                        flush, "--log-level", "WARNING") as broker:

@@ -45,7 +45,7 @@ def test_permissions_are_set_as_asked(hadoop, tmp_path):
         assert _mode(tmp_path / "file") == int(mode, 8)
     # A sticky bit, which java.nio cannot set, goes through Hadoop's own chmod.
     fs.setPermission(path(tmp_path / "dir"), permission("1777"))
-    assert stat.S_IMODE(os.stat(tmp_path / "dir").st_mode) == 0o1777
+    assert _mode(tmp_path / "dir") == 0o1777
 
 
 def test_a_missing_file_is_reported(hadoop, tmp_path):
@@ -71,8 +71,9 @@ def _processes_started() -> int:
 
 
 def test_no_process_is_forked_to_set_permissions(hadoop, tmp_path):
-    """Hadoop's own way forks ``chmod`` once per call: 50 calls, 50 processes. The count is the
-    whole machine's, so a few may be other tests' (each Spark task forks a Python worker)."""
+    """Hadoop's own way starts processes to run ``chmod`` on every call: 50 calls started 100 here.
+    The count is the whole machine's, so a few may be other tests' (each Spark task forks a Python
+    worker)."""
     jvm, fs, path = hadoop
     (tmp_path / "file").write_bytes(b"x")
     target, permission = path(tmp_path / "file"), jvm.org.apache.hadoop.fs.permission.FsPermission("600")
