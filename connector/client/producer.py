@@ -267,11 +267,12 @@ class Producer:
         queue_id: int | None,
         deadline: float | None = None,
     ) -> int:
-        chosen = self._resolve(selector)
         key = row["key"]
-        if chosen is None and queue_id is None:
-            self._selector_for(None, key, topic)  # a null key fails before any lookup
+        if selector is None and queue_id is None:  # the usual send, first: by its key's hash
+            if key is None:
+                self._selector_for(None, key, topic)  # fails before any lookup
             return queue_for_key(key, len(self.routes.route(topic, deadline=deadline).queues))
+        chosen = self._resolve(selector)
         queues = self.queues(topic, deadline=deadline)
         if queue_id is not None:
             return _check_queue_id(topic, queue_id, len(queues))

@@ -334,21 +334,32 @@ class PipelinedSender:
     def _take_inbox(self) -> None:
         """Under the lock: the messages ``submit_one`` left in the inbox join their queues, in the
         order they came (before anything later of the same thread, which takes the lock first)."""
-        inbox = self._inbox
-        while inbox:
-            future = inbox.popleft()
-            if self._closed:
-                future._row = None
-                future.set_exception(OrderlyMQError("the producer is closed; create a new one to send"))
-                continue
-            queue = (future._topic, future._queue_id)
-            partition = self._partitions.get(queue)
-            if partition is None:
-                partition = self._partitions[queue] = _Partition()
-            self._add_one(partition, future)
+        inbox, partitions, add, taken = self._inbox, self._partitions, self._add_row, 0
+        try:
+            while inbox:
+                future = inbox.popleft()
+                if self._closed:
+                    future._row = None
+                    future.set_exception(OrderlyMQError("the producer is closed; create a new one to send"))
+                    continue
+                queue = (future._topic, future._queue_id)
+                partition = partitions.get(queue)
+                if partition is None:
+                    partition = partitions[queue] = _Partition()
+                add(partition, future)
+                taken += 1
+        finally:  # counted once for the lot: this loop runs once per message sent
+            self._buffered += taken
+            self._outstanding += taken
 
     def _add_one(self, partition: _Partition, future: _Submitted) -> None:
         """Under the lock: one message into its queue's last chunk of single sends while it fits."""
+        self._add_row(partition, future)
+        self._buffered += 1
+        self._outstanding += 1
+
+    def _add_row(self, partition: _Partition, future: _Submitted) -> None:
+        """``_add_one`` but for the buffer's counts, which the caller updates."""
         row, future._row = future._row, None  # a future the caller keeps does not keep the message
         nbytes = _row_bytes(row)
         pending = partition.pending
@@ -365,8 +376,6 @@ class PipelinedSender:
             pending.append(_Chunk(None, [row], [future], True, nbytes, 1, future._deadline))
         partition.pending_rows += 1
         partition.pending_bytes += nbytes
-        self._buffered += 1
-        self._outstanding += 1
 
     def _partition_with_room(self, topic: str, queue_id: int) -> _Partition:
         """Under the lock: the queue's partition, once the buffer has room for more rows."""
