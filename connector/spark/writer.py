@@ -72,7 +72,8 @@ RUN_ID_PROPERTY = "spark.jobGroup.id"  # a streaming query sets its job group to
 class SinkCommitMessage(WriterCommitMessage):
     """What a task reports: its transaction, as ``(broker group, transaction id)`` per group it
     staged rows on (one ``("", id)`` on a single broker; none without exactlyOnce or rows), its
-    row count, and the run of the streaming query it belongs to (empty when unknown)."""
+    row count, the run of the streaming query it belongs to (empty when unknown), and the queue
+    count of each topic it routed rows over."""
 
     query_id: str
     batch_id: int
@@ -80,6 +81,7 @@ class SinkCommitMessage(WriterCommitMessage):
     parts: tuple[tuple[str, str], ...]
     rows: int
     run_id: str = ""
+    queue_counts: tuple[tuple[str, int], ...] = ()
 
 
 class _OrderlyMQWriterMixin:
@@ -128,7 +130,8 @@ class _OrderlyMQWriterMixin:
             sender.flush_all()
             sender.drop_abandoned()
             sender.hold_for_commit()
-            return SinkCommitMessage(query_id, batch_id, partition, sender.parts(), sender.rows, run_id)
+            return SinkCommitMessage(query_id, batch_id, partition, sender.parts(), sender.rows, run_id,
+                                     tuple(sorted(router.counts.items())))
         except BaseException as exc:
             sender.drop_all()
             if isinstance(exc, BrokerUnavailableError):
@@ -193,16 +196,41 @@ class OrderlyMQStreamWriter(_OrderlyMQWriterMixin, DataSourceStreamArrowWriter):
     streaming = True
 
     def __init__(self, options: SinkOptions, columns: SinkColumns, queue_counts: dict[str, int],
-                 checkpoint: str | None = None) -> None:
+                 checkpoint: str | None = None, run_counts: dict[str, int] | None = None) -> None:
         super().__init__(options, columns, queue_counts)
         self.checkpoint = checkpoint
+        # Shared by the writers of one run's commits (connector.spark.source._run_queue_counts).
+        self.run_counts = {} if run_counts is None else run_counts
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        try:
+            self._check_routing([m for m in messages if m is not None])
+        except TopicGrewError:
+            self._abort(messages, batchId)
+            raise
         self._commit(messages, batchId, then=lambda: advance_group_offsets(self.checkpoint, batchId,
                                                                            self.options.security))
 
+    def _check_routing(self, messages: list[SinkCommitMessage]) -> None:
+        """Every task of the run routed each topic over the count its first batch did: a topic grown
+        while the query runs fails the batch (each micro-batch's tasks route over the count read when
+        it was planned, so without this keys would move to other queues from that batch on)."""
+        for message in messages:
+            for topic, count in message.queue_counts:
+                routed = self.run_counts.setdefault(topic, count)
+                if count != routed:
+                    raise TopicGrewError(_grown(topic, count, routed, message.batch_id, self.options.exactly_once))
+
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         self._abort(messages, batchId)
+
+
+def _grown(topic: str, count: int, routed: int, batch_id: int, exactly_once: bool) -> str:
+    written = (f"Nothing of batch {batch_id} was made visible. " if exactly_once else
+               f"With exactlyOnce=false the rows of batch {batch_id} are already written, routed over the new count. ")
+    return (f"topic {topic!r} now has {count} queues, but this query routed keys over the {routed} it had when its "
+            f"first batch was written: keys would move to other queues and lose their order. {written}Stop the query "
+            "and restart it to route over the new count (see 'Growing a topic' in docs/spark.md)")
 
 
 class _Router:
@@ -228,8 +256,8 @@ class _Router:
             if planned is not None and count != planned:
                 raise TopicGrewError(
                     f"topic {topic!r} now has {count} queues, but this query routes keys over the {planned} it had "
-                    "when the query started: keys would move to other queues and lose their order. Stop the query "
-                    "and restart it to route over the new count (see 'Growing a topic' in docs/spark.md)"
+                    "when this batch's write was planned: keys would move to other queues and lose their order. Stop "
+                    "the query and restart it to route over the new count (see 'Growing a topic' in docs/spark.md)"
                 )
             self.counts[topic] = count
         return count

@@ -15,6 +15,7 @@ import pytest
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType
 
+from broker.wire.errors import OrderlyMQError
 from connector.client.connection import pb
 from connector.spark import OrderlyMQDataSource
 from connector.spark.schema import source_schema
@@ -34,18 +35,7 @@ def check_routed_in_order(conn, topic, queues, expected):
 
 
 def copy_stream(ospark, broker, source, target, checkpoint, **sink_options):
-    df = (
-        ospark.readStream.format("orderlymq")
-        .option("brokers", broker.address)
-        .option("topic", source)
-        .option("consumerGroup", "copier")
-        .option("maxMessagesPerTrigger", "25")
-        .load()
-    )
-    writer = df.writeStream.format("orderlymq").option("brokers", broker.address).option("topic", target)
-    writer = writer.option("shardingKey", "key").option("checkpointLocation", str(checkpoint))
-    for key, value in sink_options.items():
-        writer = writer.option(key, str(value))
+    writer = _copy_query(ospark, broker, source, target, checkpoint, {"maxMessagesPerTrigger": 25}, **sink_options)
     query = writer.trigger(availableNow=True).start()
     query.awaitTermination(180)
     assert query.exception() is None
@@ -64,6 +54,44 @@ def test_stream_copy_keeps_per_key_order_and_completeness(ospark, broker, conn, 
     batches = sum(1 for progress in query.recentProgress if progress["numInputRows"])
     assert batches >= 3
     assert _plans_read(broker) < batches - 1
+
+
+def test_topic_grown_under_a_running_query_stops_it_until_restarted(ospark, broker, conn, topic_name, tmp_path):
+    """The topic grows from 2 to 4 queues while a query writes to it: the next batch fails with
+    TopicGrewError and shows nothing; restarted, the query writes that batch over 4 queues."""
+    from tests.support import wait_until
+
+    source, target = topic_name, topic_name + "-out"
+    create_topic(conn, source, 2)
+    create_topic(conn, target, 2)
+    first, later = keyed_events(6, 2), keyed_events(6, 2, start=2)
+    produce(conn, source, 2, first)
+    query = _copy_query(ospark, broker, source, target, tmp_path / "ck").trigger(processingTime="200 milliseconds")
+    query = query.start()
+    try:
+        wait_until(lambda: sum(map(len, topic_events(conn, target).values())) == len(first), timeout=120)
+        conn.call("UpdateTopic", pb.UpdateTopicRequest(topic=target, queue_count=4))
+        produce(conn, source, 2, later)
+        wait_until(lambda: query.exception() is not None, timeout=120)
+    finally:
+        query.stop()
+    assert "now has 4 queues, but this query routed keys over the 2" in str(query.exception())
+    check_routed_in_order(conn, target, 2, first)
+    restarted = _copy_query(ospark, broker, source, target, tmp_path / "ck").trigger(availableNow=True).start()
+    restarted.awaitTermination(180)
+    assert restarted.exception() is None
+    _check_placed(conn, target, {2: first, 4: later})
+    assert_delivered(first + later, topic_delivered(topic_events(conn, target)))
+
+
+def _copy_query(ospark, broker, source, target, checkpoint, source_options=(), **sink_options):
+    """A query copying ``source`` to ``target`` by key, not started."""
+    reader = (ospark.readStream.format("orderlymq").option("brokers", broker.address).option("topic", source)
+              .option("consumerGroup", "copier"))
+    df = reader.options(**{key: str(value) for key, value in dict(source_options).items()}).load()
+    writer = (df.writeStream.format("orderlymq").option("brokers", broker.address).option("topic", target)
+              .option("shardingKey", "key").option("checkpointLocation", str(checkpoint)))
+    return writer.options(**{key: str(value) for key, value in sink_options.items()})
 
 
 def _plans_read(broker) -> float:
@@ -233,10 +261,15 @@ def test_bad_input_fails_the_batch_with_nothing_visible(ospark, broker, conn, to
     assert all(events == [] for events in topic_events(conn, topic_name).values())
 
 
-def _writer(broker, topic_name, **options):
+def _sink(broker, topic_name, **options):
+    return OrderlyMQDataSource({"brokers": broker.address, "topic": topic_name, "shardingKey": "key", **options})
+
+
+def _writer(broker, topic_name, sink=None, **options):
+    """A stream writer, as Spark makes one to plan each micro-batch's write (from a new instance of
+    the data source), or from ``sink`` (as it makes each commit's, from the instance of the run)."""
     schema = StructType([StructField("key", source_schema()["key"].dataType), source_schema()["body"]])
-    ds = OrderlyMQDataSource({"brokers": broker.address, "topic": topic_name, "shardingKey": "key", **options})
-    return ds.streamWriter(schema, False)
+    return (sink or _sink(broker, topic_name, **options)).streamWriter(schema, False)
 
 
 def _batch(events, pad: int = 0):
@@ -371,6 +404,54 @@ def test_topic_grown_under_a_running_writer_fails_clearly(broker, conn, topic_na
     with pytest.raises(TopicGrewError, match="now has 4 queues, but this query routes keys over the 2"):
         _attempt(writer, 0, keyed_events(2, 1))
     assert all(events == [] for events in topic_events(conn, topic_name).values())
+
+
+@pytest.mark.parametrize("exactly_once", [True, False])
+def test_topic_grown_between_micro_batches_fails_the_commit(broker, conn, topic_name, exactly_once):
+    """Each micro-batch's tasks route over the count read when it was planned; the run's commits
+    remember the count its first batch routed over, so the batch after the topic grew fails its
+    commit. Exactly once, nothing of it shows and its transaction is aborted."""
+    from broker.wire.errors import TopicGrewError
+
+    options = {"exactlyOnce": str(exactly_once).lower()}
+    create_topic(conn, topic_name, 2)
+    run = _sink(broker, topic_name, **options)
+    first, later = keyed_events(6, 2), keyed_events(6, 2, start=2)
+    _writer(broker, topic_name, run).commit([_attempt(_writer(broker, topic_name, **options), 0, first)], 0)
+    conn.call("UpdateTopic", pb.UpdateTopicRequest(topic=topic_name, queue_count=4))
+    message = _attempt(_writer(broker, topic_name, **options), 0, later)
+    with pytest.raises(TopicGrewError, match="now has 4 queues, but this query routed keys over the 2"):
+        _writer(broker, topic_name, run).commit([message], 1)
+    if exactly_once:
+        with pytest.raises(OrderlyMQError):  # aborted: it can never show
+            conn.call("CommitTxn", pb.CommitTxnRequest(txn_id=message.parts[0][1]))
+        check_routed_in_order(conn, topic_name, 2, first)
+    else:  # already written, over 4 queues, as the error says
+        _check_placed(conn, topic_name, {2: first, 4: later})
+
+
+def test_a_restarted_query_routes_over_the_grown_count(broker, conn, topic_name):
+    """A new run (a new instance of the data source) routes over the count of its start."""
+    create_topic(conn, topic_name, 2)
+    first, later = keyed_events(6, 2), keyed_events(6, 2, start=2)
+    _writer(broker, topic_name, _sink(broker, topic_name)).commit([_attempt(_writer(broker, topic_name), 0, first)], 0)
+    conn.call("UpdateTopic", pb.UpdateTopicRequest(topic=topic_name, queue_count=4))
+    _writer(broker, topic_name, _sink(broker, topic_name)).commit([_attempt(_writer(broker, topic_name), 0, later)], 1)
+    _check_placed(conn, topic_name, {2: first, 4: later})
+    assert_delivered(first + later, topic_delivered(topic_events(conn, topic_name)))
+
+
+def _check_placed(conn, topic, routed_over):
+    """The topic holds exactly the events of ``{queue count: events}``, each in its key's queue
+    among that many queues; some key has moved between the counts."""
+    from broker.wire.routing import queue_for_key
+
+    placed = {event: queue_id for queue_id, events in topic_events(conn, topic).items() for event in events}
+    assert sorted(placed) == sorted(event for events in routed_over.values() for event in events)
+    for count, events in routed_over.items():
+        assert all(placed[(key, seq)] == queue_for_key(key, count) for key, seq in events), count
+    keys = {key for events in routed_over.values() for key, _ in events}
+    assert any(len({queue_for_key(key, count) for count in routed_over}) > 1 for key in keys)
 
 
 def test_replay_is_found_after_this_process_committed_the_batch_before(broker, conn, topic_name):
