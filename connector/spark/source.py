@@ -92,25 +92,12 @@ class OrderlyMQDataSource(DataSource):
         freeze_worker_objects()
         options, columns = _plan_write(self.options, schema)
         return OrderlyMQStreamWriter(options, columns, _queue_counts(self.instance, options),
-                                     checkpoint=self.options.get("checkpointLocation"),
-                                     run_counts=_run_queue_counts(self.instance))
+                                     checkpoint=self.options.get("checkpointLocation"), run=self.instance)
 
 
 def _plan_write(raw, schema: StructType) -> tuple[SinkOptions, SinkColumns]:
     options = SinkOptions.from_options(raw)
     return options, SinkColumns.resolve(options, schema)
-
-
-@functools.lru_cache(maxsize=64)
-def _run_queue_counts(instance: str) -> dict[str, int]:
-    """``{topic: queue count}`` the tasks of a streaming query's run routed over, as its commits
-    learn them (``OrderlyMQStreamWriter.commit``); one dict per instance of the data source.
-
-    Spark builds the writer of every commit of a run from the one instance it made when the query
-    started, in a driver worker it keeps for the run, while each micro-batch's tasks get a writer
-    planned afresh: this dict is what outlives a micro-batch, so a topic grown between two of them
-    is caught (a restarted query is a new instance: it routes over the count of then)."""
-    return {}
 
 
 @functools.lru_cache(maxsize=64)

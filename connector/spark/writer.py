@@ -19,6 +19,7 @@ master of the broker group holding it, and a task's transaction has one part per
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import uuid
@@ -196,11 +197,10 @@ class OrderlyMQStreamWriter(_OrderlyMQWriterMixin, DataSourceStreamArrowWriter):
     streaming = True
 
     def __init__(self, options: SinkOptions, columns: SinkColumns, queue_counts: dict[str, int],
-                 checkpoint: str | None = None, run_counts: dict[str, int] | None = None) -> None:
+                 checkpoint: str | None = None, run: str = "") -> None:
         super().__init__(options, columns, queue_counts)
         self.checkpoint = checkpoint
-        # Shared by the writers of one run's commits (connector.spark.source._run_queue_counts).
-        self.run_counts = {} if run_counts is None else run_counts
+        self.run = run or self.write_id  # the instance of the data source it was made from
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         try:
@@ -215,14 +215,28 @@ class OrderlyMQStreamWriter(_OrderlyMQWriterMixin, DataSourceStreamArrowWriter):
         """Every task of the run routed each topic over the count its first batch did: a topic grown
         while the query runs fails the batch (each micro-batch's tasks route over the count read when
         it was planned, so without this keys would move to other queues from that batch on)."""
+        run_counts = _routed_counts(self.run)
         for message in messages:
             for topic, count in message.queue_counts:
-                routed = self.run_counts.setdefault(topic, count)
+                routed = run_counts.setdefault(topic, count)
                 if count != routed:
                     raise TopicGrewError(_grown(topic, count, routed, message.batch_id, self.options.exactly_once))
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         self._abort(messages, batchId)
+
+
+@functools.lru_cache(maxsize=64)
+def _routed_counts(run: str) -> dict[str, int]:
+    """``{topic: queue count}`` the tasks of a streaming query's run routed over, as its commits
+    learn them; one dict per instance of the data source.
+
+    Spark makes the writer of every commit of a run from the one instance of the data source it
+    made when the query started, in a driver worker it keeps for the run, while each micro-batch's
+    tasks get a writer planned afresh from a new instance: this is what outlives a micro-batch, so
+    a topic grown between two of them is caught. A restarted query is a new instance: it routes
+    over the count of then."""
+    return {}
 
 
 def _grown(topic: str, count: int, routed: int, batch_id: int, exactly_once: bool) -> str:
