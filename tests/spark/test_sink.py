@@ -13,9 +13,9 @@ import threading
 import pyarrow as pa
 import pytest
 from pyspark.sql import functions as F
-from pyspark.sql.types import StructField, StructType
+from pyspark.sql.types import StringType, StructField, StructType
 
-from broker.wire.errors import OrderlyMQError
+from broker.wire.errors import OrderlyMQError, TopicGrewError
 from connector.client.connection import pb
 from connector.spark import OrderlyMQDataSource
 from connector.spark.schema import source_schema
@@ -396,8 +396,6 @@ def test_tasks_keep_their_transactions_past_the_brokers_timeout(broker_factory, 
 
 
 def test_topic_grown_under_a_running_writer_fails_clearly(broker, conn, topic_name):
-    from broker.wire.errors import TopicGrewError
-
     create_topic(conn, topic_name, 2)
     writer = _writer(broker, topic_name)
     conn.call("UpdateTopic", pb.UpdateTopicRequest(topic=topic_name, queue_count=4))
@@ -411,8 +409,6 @@ def test_topic_grown_between_micro_batches_fails_the_commit(broker, conn, topic_
     """Each micro-batch's tasks route over the count read when it was planned; the run's commits
     remember the count its first batch routed over, so the batch after the topic grew fails its
     commit. Exactly once, nothing of it shows and its transaction is aborted."""
-    from broker.wire.errors import TopicGrewError
-
     options = {"exactlyOnce": str(exactly_once).lower()}
     create_topic(conn, topic_name, 2)
     run = _sink(broker, topic_name, **options)
@@ -428,6 +424,28 @@ def test_topic_grown_between_micro_batches_fails_the_commit(broker, conn, topic_
         check_routed_in_order(conn, topic_name, 2, first)
     else:  # already written, over 4 queues, as the error says
         _check_placed(conn, topic_name, {2: first, 4: later})
+
+
+def test_topic_of_a_topic_column_grown_between_micro_batches_fails_the_commit(broker, conn, topic_name):
+    """Rows naming their topic in a ``topic`` column: the tasks read its count at their first row,
+    and the run's commits hold them to the first batch's as with the ``topic`` option."""
+    create_topic(conn, topic_name, 2)
+    schema = StructType([StructField("topic", StringType()), StructField("key", source_schema()["key"].dataType),
+                         source_schema()["body"]])
+    options = {"brokers": broker.address, "shardingKey": "key"}
+    run = OrderlyMQDataSource(options)
+
+    def attempt(events):
+        rows = _batch(events)
+        batch = pa.record_batch([pa.array([topic_name] * rows.num_rows), *rows.columns], ["topic", "key", "body"])
+        return OrderlyMQDataSource(options).streamWriter(schema, False).write(iter([batch]))
+
+    first, later = keyed_events(6, 2), keyed_events(6, 2, start=2)
+    run.streamWriter(schema, False).commit([attempt(first)], 0)
+    conn.call("UpdateTopic", pb.UpdateTopicRequest(topic=topic_name, queue_count=4))
+    with pytest.raises(TopicGrewError, match="now has 4 queues, but this query routed keys over the 2"):
+        run.streamWriter(schema, False).commit([attempt(later)], 1)
+    check_routed_in_order(conn, topic_name, 2, first)
 
 
 def test_a_restarted_query_routes_over_the_grown_count(broker, conn, topic_name):
