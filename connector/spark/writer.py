@@ -239,12 +239,15 @@ def _routed_counts(run: str) -> dict[str, int]:
     return {}
 
 
+_KEYS_WOULD_MOVE = "keys would move to other queues and lose their order."
+_RESTART_TO_REROUTE = "Stop the query and restart it to route over the new count (see 'Growing a topic' in docs/spark.md)"
+
+
 def _grown(topic: str, count: int, routed: int, batch_id: int, exactly_once: bool) -> str:
     written = (f"Nothing of batch {batch_id} was made visible. " if exactly_once else
                f"With exactlyOnce=false the rows of batch {batch_id} are already written, routed over the new count. ")
     return (f"topic {topic!r} now has {count} queues, but this query routed keys over the {routed} it had when its "
-            f"first batch was written: keys would move to other queues and lose their order. {written}Stop the query "
-            "and restart it to route over the new count (see 'Growing a topic' in docs/spark.md)")
+            f"first batch was written: {_KEYS_WOULD_MOVE} {written}{_RESTART_TO_REROUTE}")
 
 
 class _Router:
@@ -270,8 +273,7 @@ class _Router:
             if planned is not None and count != planned:
                 raise TopicGrewError(
                     f"topic {topic!r} now has {count} queues, but this query routes keys over the {planned} it had "
-                    "when this batch's write was planned: keys would move to other queues and lose their order. Stop "
-                    "the query and restart it to route over the new count (see 'Growing a topic' in docs/spark.md)"
+                    f"when this batch's write was planned: {_KEYS_WOULD_MOVE} {_RESTART_TO_REROUTE}"
                 )
             self.counts[topic] = count
         return count
