@@ -21,7 +21,9 @@ def test_quick_benchmarks_write_valid_json(tmp_path):
     doc = json.loads(out.read_text())
     assert doc["mode"] == "quick"
     workloads = {row["workload"] for row in doc["rows"]}
-    for expected in ("broker ingest, batched (async flush)", "pipelined acked sends, order verified",
+    for expected in ("broker ingest, batched (async flush), sustained (its page-cache window written first)",
+                     "broker ingest, batched (async flush), a broker just started",
+                     "pipelined acked sends, order verified",
                      "pipelined acked sends, a callback per send, order verified",
                      "ConcurrentConsumer of a backlog, one message per listener call, each once",
                      "OrderlyConsumer delivery latency p50, a message every 300 ms",
