@@ -4,6 +4,7 @@ is delivered only after the previous one was acked; acks move the group's commit
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -144,21 +145,27 @@ def test_two_simple_consumers_of_a_group_keep_each_key_in_order(broker, topic):
     deliveries, lock = [], threading.Lock()
     seen: set[tuple[str, int]] = set()
 
-    def consume(name: str) -> None:
-        with clients.simple_consumer(broker.address, "pair-group", topic) as consumer:
-            deadline = time.monotonic() + 30
-            while len(seen) < len(sends) and time.monotonic() < deadline:
-                for message in consumer.receive(4, 20):
-                    with lock:  # recorded before the ack: the next of its queue cannot come earlier
-                        deliveries.append(Delivery(*clients.event(message), name))
-                        seen.add(clients.event(message))
-                    consumer.ack(message)
+    def consume(consumer, name: str) -> None:
+        deadline = time.monotonic() + 30
+        while len(seen) < len(sends) and time.monotonic() < deadline:
+            for message in consumer.receive(4, 20):
+                with lock:  # recorded before the ack: the next of its queue cannot come earlier
+                    deliveries.append(Delivery(*clients.event(message), name))
+                    seen.add(clients.event(message))
+                consumer.ack(message)
 
-    workers = [threading.Thread(target=consume, args=(f"consumer-{i}",)) for i in range(2)]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join()
+    # Started here, received from on threads: the client opens its telemetry stream on the thread that
+    # starts it, where gRPC may look for an asyncio event loop. A plain thread has none: once in CI
+    # both consumers then failed to fetch the topic's route and received nothing.
+    with contextlib.ExitStack() as started:
+        consumers = [started.enter_context(clients.simple_consumer(broker.address, "pair-group", topic))
+                     for _ in range(2)]
+        workers = [threading.Thread(target=consume, args=(consumer, f"consumer-{i}"))
+                   for i, consumer in enumerate(consumers)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
     verdict = check(sends, deliveries)
     assert verdict.ok and verdict.deliveries == len(sends), str(verdict)
 
