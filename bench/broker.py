@@ -723,8 +723,8 @@ def run(workdir: Path, quick: bool) -> list[Row]:
                         queues=8, goal=">= 2,000/s"))
     # Medians of runs in turn: one run of each moved by a third from hour to hour (80,000-134,000).
     sends = 30_000 if quick else 500_000
-    measured = [in_turn([lambda: pipelined_sends(workdir, sends), lambda: pipelined_sends(workdir, sends, callbacks=True)],
-                        r) for r in range(1 if quick else 3)]
+    variants = [lambda: pipelined_sends(workdir, sends), lambda: pipelined_sends(workdir, sends, callbacks=True)]
+    measured = [in_turn(variants, r) for r in range(1 if quick else 3)]
     for figure, (rate, what) in enumerate(zip(medians(measured), ("", ", a callback per send"), strict=True)):
         rows.append(Row(f"pipelined acked sends{what}, order verified", rate, "msg/s", message_bytes=BODY_BYTES,
                         queues=8, goal=">= 100,000 msg/s", extra={"runs": [round(each[figure]) for each in measured]}))
