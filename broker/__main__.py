@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     from broker.server import start_broker
 
     try:
-        running = start_broker(config)
+        running = start_broker(config, own_process=True)
     except (OrderlyMQError, OSError) as exc:
         print(f"orderlymq-broker: {exc}", file=sys.stderr)
         return 1

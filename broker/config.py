@@ -100,6 +100,14 @@ class BrokerConfig:
         default) picks a free port, which ``Health`` tells clients; -1 serves none. Never served
         with TLS or access control: clients then use gRPC. In a broker group only the master
         answers there.
+    busy_poll_us : int
+        After a synchronous send on the lean port, the event loop polls for the next request for
+        up to this many microseconds instead of sleeping (``broker.busy_loop``): the sender's round
+        trips skip the broker's wake-up, for a CPU while sends come back to back. Only while the
+        machine has a CPU to spare and no worker thread is busy. 0 never polls; -1 (the default)
+        polls 200 µs in a broker process of its own (``orderlymq-broker``) and never in one started
+        inside another program (``start_broker``), whose threads a polling loop would keep from the
+        GIL.
     workers : int
         Threads for the RPC work that may block (file writes and fsyncs, reads, offsets, locks,
         transactions). Waiting holds none: long-polling pulls and open send streams wait on the
@@ -185,6 +193,7 @@ class BrokerConfig:
     workers: int = 64
     metrics_port: int = -1
     send_port: int = 0
+    busy_poll_us: int = -1
     log_level: str = "INFO"
     log_format: str = "text"
     tls_cert_file: str = ""
@@ -346,6 +355,7 @@ _INT_RANGES: dict[str, tuple[int, int | None, str]] = {
     "metrics_port": (-1, 65535, "-1 serves no metrics, 0 picks a free port"),
     "send_port": (-1, 65535, "-1 serves none, 0 picks a free port"),
     "advertised_send_port": (0, 65535, "0 advertises send_port itself"),
+    "busy_poll_us": (-1, 1_000_000, "microseconds, 0 never polls, -1 polls 200 in a broker process of its own"),
     "broker_id": (0, 1_000_000, "unique within the group"),
     "min_sync_replicas": (1, 16, "brokers, the master included"),
     "zk_session_timeout_ms": (1_000, 600_000, "milliseconds"),

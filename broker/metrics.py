@@ -60,6 +60,8 @@ METRICS = {
     "orderlymq_segment_files_open": "segment files open now",
     "orderlymq_segment_files_budget": "segment files kept open at most (half the open-file limit); idle ones close",
     "orderlymq_page_cache_dropped_bytes_total": "bytes of log on disk freed from the page cache by its drops (page_cache_bytes)",
+    "orderlymq_loop_busy_poll_seconds_total": "time the event loop spent polling for the next send instead of "
+                                              "sleeping (busy_poll_us): a CPU all the while",
 }
 
 
@@ -102,6 +104,9 @@ class BrokerMetrics:
         self.send_streams = Gauge(
             "orderlymq_send_streams_open", doc["orderlymq_send_streams_open"], registry=self.registry
         )
+        self.loop_busy_poll = Counter(
+            "orderlymq_loop_busy_poll_seconds", doc["orderlymq_loop_busy_poll_seconds_total"], registry=self.registry
+        )
         self.registry.register(_StateCollector(state))
         self._http = None
         self._stored: dict[tuple[str, int], tuple[Counter, Counter]] = {}
@@ -130,6 +135,9 @@ class BrokerMetrics:
         histogram.observe(time.perf_counter() - started)
         if code is not None:
             self.rpc_errors.labels(method, code).inc()
+
+    def loop_polled(self, seconds: float) -> None:
+        self.loop_busy_poll.inc(seconds)
 
     def serve(self, port: int, host: str = "127.0.0.1", *, tls: ReloadingSslContext | None = None,
               guard: AccessGuard | None = None) -> int:

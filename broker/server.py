@@ -34,6 +34,7 @@ import grpc
 import pyarrow as pa
 from google.protobuf.message import DecodeError
 
+from broker.busy_loop import BusyLoop, busy_poll_limit_us
 from broker.config import BrokerConfig
 from broker.metrics import BrokerMetrics
 from broker.proto import orderlymq_pb2 as pb
@@ -106,7 +107,8 @@ async def _abort_malformed(context: grpc.aio.ServicerContext, raw: bytes, reques
 class _Transport:
     """The async handlers of one ``BrokerService``: where each call runs, and its error mapping."""
 
-    def __init__(self, service: BrokerService, threads: ThreadHops, guard: AccessGuard | None = None) -> None:
+    def __init__(self, service: BrokerService, threads: ThreadHops, guard: AccessGuard | None = None,
+                 busy_poll_us: float = 0) -> None:
         self.service = service
         self.threads = threads
         # In a broker group a send may wait for its slaves: on the loop that serves them it awaits
@@ -115,6 +117,7 @@ class _Transport:
         self.clustered = service.config.clustered
         self.metrics = service.metrics
         self.guard = guard  # None: access control is off
+        self.busy_loop = BusyLoop(busy_poll_us, threads, service.metrics)  # after synchronous lean-port sends
 
     async def authenticate(self, context: grpc.aio.ServicerContext) -> str:
         """The caller's user; a first sight of its secret costs a scrypt, so that runs on a thread."""
@@ -459,6 +462,7 @@ class RunningBroker:
     _threads: ThreadHops
     metrics_port: int | None = None  # the Prometheus endpoint's port, when serving one
     send_port: SendPort | None = None  # the lean send port (broker.send_port), when served
+    busy_loop: BusyLoop | None = None  # the event loop's polls after synchronous lean-port sends
 
     @property
     def address(self) -> str:
@@ -536,9 +540,10 @@ async def _serve(config: BrokerConfig, transport: _Transport) -> tuple[grpc.aio.
     return server, port
 
 
-def start_broker(config: BrokerConfig) -> RunningBroker:
+def start_broker(config: BrokerConfig, *, own_process: bool = False) -> RunningBroker:
     """Open the data directory (recovering it) and serve on ``config.host:config.port``
-    (port 0 picks a free one: read ``.port``)."""
+    (port 0 picks a free one: read ``.port``). ``own_process``: the process runs nothing else (the
+    ``orderlymq-broker`` command), which the default ``busy_poll_us`` asks."""
     guard = AccessGuard(config.acl_file) if config.acl_file else None  # a bad ACL file fails before any open
     link = zookeeper = None
     if config.clustered:
@@ -566,7 +571,7 @@ def start_broker(config: BrokerConfig) -> RunningBroker:
         threads.shutdown()
         service.close()
 
-    transport = _Transport(service, threads, guard)
+    transport = _Transport(service, threads, guard, busy_poll_limit_us(config.busy_poll_us, own_process))
     try:
         server, port = loop.call(_serve(config, transport))
     except BaseException:
@@ -606,4 +611,5 @@ def start_broker(config: BrokerConfig) -> RunningBroker:
              config.data_dir, config.flush, "mutual TLS" if config.tls_client_ca_file else "TLS" if config.tls
              else "plaintext", f"ACL {config.acl_file}" if guard else "no access control",
              f"send port {send_port.port}" if send_port else "no send port")
-    return RunningBroker(server, service, config, port, stop, housekeeper, loop, threads, metrics_port, send_port)
+    return RunningBroker(server, service, config, port, stop, housekeeper, loop, threads, metrics_port, send_port,
+                         transport.busy_loop)

@@ -49,13 +49,18 @@ class ThreadHops:
         self._threads: list[threading.Thread] = []
         self._idle = 0  # threads waiting for a call and not yet promised one
         self._closed = False
+        self.under_way = 0  # calls handed over and not yet answered (read on the loop: ``broker.busy_loop``)
 
     async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)`` on one of the threads; its result or its exception."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         self._hand_over((loop, future, fn, args))
-        return await future
+        self.under_way += 1
+        try:
+            return await future
+        finally:
+            self.under_way -= 1
 
     def _hand_over(self, call: tuple) -> None:
         with self._lock:

@@ -133,6 +133,7 @@ def test_data_dir_accepts_path(tmp_path):
         ("max_pull_bytes", 0, "max_pull_bytes must be"),
         ("max_wait_ms", -1, "max_wait_ms must be"),
         ("workers", 0, "workers must be"),
+        ("busy_poll_us", -2, r"busy_poll_us must be an integer in -1\.\.1000000 \(microseconds, 0 never polls"),
         ("log_level", "LOUD", "log_level must be one of CRITICAL, ERROR, WARNING, INFO, DEBUG, got 'LOUD'"),
         ("host", "", "host must be a non-empty string"),
         ("data_dir", " ", "data_dir must be a non-empty string"),
