@@ -158,7 +158,7 @@ class _SendConnection(FramedConnection):
         self._queued: deque[tuple[pb.SendRequest | pb.SendResponse | _Stored, int, float]]
         self._unstored = 0  # requests queued or being handled that are not stored yet
         self._unwritten: list[bytes] = []  # answers to the frames of one read, written together
-        self._messages_answered = 0  # by answers given during the read being handled, -1 once not one send's one
+        self._messages_answered = 0  # by the answers given during the read being handled; -1: not one answer of one
 
     def buffer_updated(self, nbytes: int) -> None:
         self._messages_answered = 0
@@ -230,7 +230,7 @@ class _SendConnection(FramedConnection):
             self._unstored -= 1
 
     def _answer(self, answer: pb.SendResponse, started: float) -> None:
-        self._messages_answered = answer.count if not self._messages_answered and answer.count == 1 else -1
+        self._messages_answered = 1 if self._messages_answered == 0 and answer.count == 1 else -1
         payload = answer.SerializeToString()
         self._unwritten.append(LENGTH.pack(len(payload)) + payload)
         if len(self._unwritten) >= _ANSWERS_PER_WRITE:

@@ -543,7 +543,7 @@ async def _serve(config: BrokerConfig, transport: _Transport) -> tuple[grpc.aio.
 def start_broker(config: BrokerConfig, *, own_process: bool = False) -> RunningBroker:
     """Open the data directory (recovering it) and serve on ``config.host:config.port``
     (port 0 picks a free one: read ``.port``). ``own_process``: the process runs nothing else (the
-    ``orderlymq-broker`` command), which the default ``busy_poll_us`` asks."""
+    ``orderlymq-broker`` command); the default ``busy_poll_us`` polls only then."""
     guard = AccessGuard(config.acl_file) if config.acl_file else None  # a bad ACL file fails before any open
     link = zookeeper = None
     if config.clustered:
