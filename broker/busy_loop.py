@@ -55,8 +55,8 @@ def busy_poll_limit_us(configured: int, own_process: bool) -> int:
 
 
 class BusyLoop:
-    """The polls of one broker's event loop, for up to ``limit_us`` after each lean-port send
-    (``limit_us=0``: never)."""
+    """The polls of one broker's event loop, for up to ``limit_us`` after each synchronous send on
+    the lean port (``limit_us=0``: never)."""
 
     def __init__(self, limit_us: float, threads: ThreadHops, metrics: BrokerMetrics,
                  cpu_to_spare: Callable[[], bool] = SPARE_CPU) -> None:
