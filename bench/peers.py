@@ -10,7 +10,8 @@ Redis: 8 stream keys; NATS: 8 subjects of one stream), a message's stream chosen
   and again (the ordered-message pattern: one synchronous send per event). The systems take turns
   (``SYNC_ROUNDS`` short runs each, all servers up), so a machine that slows down during the run
   (as shared machines do from hour to hour) slows them alike; what orderlymq stored is read back
-  and judged like a consume;
+  and judged like a consume. Each system's CPU per send is given beside it, its server's and this
+  process's (the client's): a figure bought with more CPU shows it;
 - **ordered consume**: every message of the batched run read back, stream by stream.
 
 What was consumed is judged with ``connector.history`` (per key: nothing lost, duplicated or out
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shutil
 import socket
 import subprocess
@@ -63,6 +65,7 @@ class _Peer:
     consume: Callable[[], float]
     sync: Callable[[float, int], int]
     check_sync: Callable[[int], None] = lambda count: None
+    server_pid: int | None = None  # the server process, whose CPU a synchronous send costs is counted
 
 
 def _message(i: int) -> tuple[str, int, bytes]:
@@ -109,12 +112,12 @@ def _wait_port(port: int, proc: subprocess.Popen, timeout: float = 30.0) -> None
 
 
 @contextmanager
-def _server(cmd: list[str], port: int, log: Path) -> Iterator[None]:
+def _server(cmd: list[str], port: int, log: Path) -> Iterator[subprocess.Popen]:
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     try:
         _wait_port(port, proc)
-        yield
+        yield proc
     finally:
         proc.terminate()
         try:
@@ -178,7 +181,8 @@ def _orderlymq(workdir: Path, sizes: Sizes) -> Iterator[_Peer]:
             yield _Peer(lambda: _timed(batched), lambda: _timed(consume),
                         lambda seconds, first: _sync_loop(seconds, first, lambda key, body: producer.send(
                             "sync", body, key=key)),
-                        lambda count: _consumed_ok("orderlymq synchronous sends", _expected(count), read_back("sync")))
+                        lambda count: _consumed_ok("orderlymq synchronous sends", _expected(count), read_back("sync")),
+                        broker.pid)
 
 
 def _sync_loop(seconds: float, first: int, send: Callable[[str, bytes], object]) -> int:
@@ -207,7 +211,8 @@ def _redis(workdir: Path, sizes: Sizes) -> Iterator[_Peer]:
     data.mkdir(parents=True, exist_ok=True)
     cmd = [_redis_binary(), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data), "--save", "",
            "--appendonly", "yes", "--appendfsync", "everysec"]
-    with _server(cmd, port, workdir / "redis.log"), contextlib.closing(redis.Redis(host="127.0.0.1", port=port)) as client:
+    with _server(cmd, port, workdir / "redis.log") as server, \
+            contextlib.closing(redis.Redis(host="127.0.0.1", port=port)) as client:
 
         def batched() -> int:
             for start in range(0, sizes.messages, BATCH):
@@ -234,7 +239,7 @@ def _redis(workdir: Path, sizes: Sizes) -> Iterator[_Peer]:
 
         yield _Peer(lambda: _timed(batched), lambda: _timed(consume),
                     lambda seconds, first: _sync_loop(seconds, first, lambda key, body: client.xadd(
-                        f"sync-{_stream_of(key)}", {"k": key, "b": body})))
+                        f"sync-{_stream_of(key)}", {"k": key, "b": body})), server_pid=server.pid)
 
 
 # -- NATS JetStream ------------------------------------------------------------------------------
@@ -249,8 +254,9 @@ def _nats_binary() -> str | None:
 def _nats(workdir: Path, sizes: Sizes) -> Iterator[_Peer]:
     port, data = free_port(), workdir / "peer-nats"
     cmd = [_nats_binary(), "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(data)]
-    with _server(cmd, port, workdir / "nats.log"), asyncio.Runner() as runner:
+    with _server(cmd, port, workdir / "nats.log") as server, asyncio.Runner() as runner:
         peer, client = runner.run(_nats_peer(port, sizes, runner))
+        peer.server_pid = server.pid
         try:
             yield peer
         finally:
@@ -321,26 +327,68 @@ def run(workdir: Path, quick: bool) -> list[Row]:
                    for name, start in {"orderlymq": _orderlymq, **peers}.items()}
         rates = {name: {"batched produce": system.batched(), "ordered consume": system.consume()}
                  for name, system in systems.items()}
-        for name, (sent, timed, seconds) in _sync_in_turns(systems, sizes.sync_seconds).items():
+        cpu = {}  # per system: CPU µs per synchronous send, (server, client)
+        for name, (sent, turns) in _sync_in_turns(systems, sizes.sync_seconds).items():
             systems[name].check_sync(sent)
-            rates[name]["synchronous send"] = timed / seconds
+            rates[name]["synchronous send"] = turns.sent / turns.seconds
+            cpu[name] = turns.cpu_us_per_send()
+    print("  synchronous send, CPU µs per send (server, client):",
+          ", ".join(f"{name} {server if server is not None else '?'} / {client}" for name, (server, client) in cpu.items()),
+          flush=True)
     ours = rates.pop("orderlymq")
-    rows = [Row(f"peers: {name}, orderlymq vs {peer}", ours[name], "msg/s", theirs[name], peer, BODY_BYTES, STREAMS)
+    rows = [Row(f"peers: {name}, orderlymq vs {peer}", ours[name], "msg/s", theirs[name], peer, BODY_BYTES, STREAMS,
+                extra=_cpu_extra(cpu, peer) if name == "synchronous send" else {})
             for peer, theirs in rates.items() for name in ours]
     return rows or [Row(f"peers: {name}, orderlymq alone", rate, "msg/s", message_bytes=BODY_BYTES, queues=STREAMS)
                     for name, rate in ours.items()]
 
 
-def _sync_in_turns(systems: dict[str, _Peer], seconds: float) -> dict[str, tuple[int, int, float]]:
+@dataclass
+class _Turns:
+    """What one system's timed turns at synchronous sends added up to."""
+
+    sent: int = 0
+    seconds: float = 0.0
+    server_cpu_s: float | None = 0.0  # None: the server's CPU could not be read
+    client_cpu_s: float = 0.0
+
+    def cpu_us_per_send(self) -> tuple[float | None, float]:
+        per_send = 1e6 / max(self.sent, 1)
+        server = None if self.server_cpu_s is None else round(self.server_cpu_s * per_send, 1)
+        return server, round(self.client_cpu_s * per_send, 1)
+
+
+def _process_cpu_s(pid: int | None) -> float | None:
+    """The CPU seconds process ``pid`` has used (user and system), from ``/proc``; None where unknown."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _sync_in_turns(systems: dict[str, _Peer], seconds: float) -> dict[str, tuple[int, _Turns]]:
     """Each system's synchronous sends, ``SYNC_ROUNDS`` turns of ``seconds / SYNC_ROUNDS`` each, the
     systems one after the other in every round, after a short untimed run that warms each path:
-    per system, the messages it sent in all, those sent in its turns, and the seconds they took."""
+    per system, the messages it sent in all, and what its turns added up to (sends, seconds, the
+    CPU of its server and of this process, the client)."""
     warm = {name: system.sync(0.05, 0) for name, system in systems.items()}
-    timed = dict.fromkeys(systems, 0)
-    took = dict.fromkeys(systems, 0.0)
+    turns = {name: _Turns() for name in systems}
     for _ in range(SYNC_ROUNDS):
         for name, system in systems.items():
+            took, server_before, client_before = turns[name], _process_cpu_s(system.server_pid), time.process_time()
             t0 = time.perf_counter()
-            timed[name] += system.sync(seconds / SYNC_ROUNDS, warm[name] + timed[name])
-            took[name] += time.perf_counter() - t0
-    return {name: (warm[name] + timed[name], timed[name], took[name]) for name in systems}
+            took.sent += system.sync(seconds / SYNC_ROUNDS, warm[name] + took.sent)
+            took.seconds += time.perf_counter() - t0
+            took.client_cpu_s += time.process_time() - client_before
+            server_after = _process_cpu_s(system.server_pid)
+            if None in (server_before, server_after, took.server_cpu_s):
+                took.server_cpu_s = None
+            else:
+                took.server_cpu_s += server_after - server_before
+    return {name: (warm[name] + turns[name].sent, turns[name]) for name in systems}
+
+
+def _cpu_extra(cpu: dict[str, tuple[float | None, float]], peer: str) -> dict:
+    """The synchronous rows' CPU per send, ours and the peer's, server and client."""
+    return {"CPU µs per send (server, client)": {"orderlymq": list(cpu["orderlymq"]), peer: list(cpu[peer])}}

@@ -35,5 +35,8 @@ def test_quick_benchmarks_write_valid_json(tmp_path):
         assert expected in workloads
     for row in doc["rows"]:
         assert math.isfinite(row["figure"]) and row["figure"] > 0, row
+    sync = next(row for row in doc["rows"] if row["workload"] == "peers: synchronous send, orderlymq vs Redis Streams")
+    cpu = sync["extra"]["CPU µs per send (server, client)"]
+    assert set(cpu) == {"orderlymq", "Redis Streams"} and all(us > 0 for pair in cpu.values() for us in pair), cpu
     source = next(row for row in doc["rows"] if row["workload"] == "spark source: orderlymq -> noop (AvailableNow)")
     assert source["extra"]["round ratios"] == [round(source["ratio"], 3)]  # --quick measures one round
