@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import shutil
 import socket
 import subprocess
@@ -35,6 +34,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+import psutil
 
 from bench.report import Row
 from broker.launcher import free_port
@@ -64,8 +65,8 @@ class _Peer:
     batched: Callable[[], float]
     consume: Callable[[], float]
     sync: Callable[[float, int], int]
+    server: psutil.Process  # its server, whose CPU the synchronous sends are charged
     check_sync: Callable[[int], None] = lambda count: None
-    server_pid: int | None = None  # the server process, whose CPU a synchronous send costs is counted
 
 
 def _message(i: int) -> tuple[str, int, bytes]:
@@ -181,8 +182,8 @@ def _orderlymq(workdir: Path, sizes: Sizes) -> Iterator[_Peer]:
             yield _Peer(lambda: _timed(batched), lambda: _timed(consume),
                         lambda seconds, first: _sync_loop(seconds, first, lambda key, body: producer.send(
                             "sync", body, key=key)),
-                        lambda count: _consumed_ok("orderlymq synchronous sends", _expected(count), read_back("sync")),
-                        broker.pid)
+                        psutil.Process(broker.pid),
+                        lambda count: _consumed_ok("orderlymq synchronous sends", _expected(count), read_back("sync")))
 
 
 def _sync_loop(seconds: float, first: int, send: Callable[[str, bytes], object]) -> int:
@@ -239,7 +240,7 @@ def _redis(workdir: Path, sizes: Sizes) -> Iterator[_Peer]:
 
         yield _Peer(lambda: _timed(batched), lambda: _timed(consume),
                     lambda seconds, first: _sync_loop(seconds, first, lambda key, body: client.xadd(
-                        f"sync-{_stream_of(key)}", {"k": key, "b": body})), server_pid=server.pid)
+                        f"sync-{_stream_of(key)}", {"k": key, "b": body})), psutil.Process(server.pid))
 
 
 # -- NATS JetStream ------------------------------------------------------------------------------
@@ -255,15 +256,14 @@ def _nats(workdir: Path, sizes: Sizes) -> Iterator[_Peer]:
     port, data = free_port(), workdir / "peer-nats"
     cmd = [_nats_binary(), "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(data)]
     with _server(cmd, port, workdir / "nats.log") as server, asyncio.Runner() as runner:
-        peer, client = runner.run(_nats_peer(port, sizes, runner))
-        peer.server_pid = server.pid
+        peer, client = runner.run(_nats_peer(port, sizes, runner, psutil.Process(server.pid)))
         try:
             yield peer
         finally:
             runner.run(client.close())
 
 
-async def _nats_peer(port: int, sizes: Sizes, runner: asyncio.Runner):
+async def _nats_peer(port: int, sizes: Sizes, runner: asyncio.Runner, server: psutil.Process):
     """NATS's workloads, each run to its end by ``runner`` (its client is asyncio's), and the client."""
     import nats
     from nats.js.api import AckPolicy, ConsumerConfig
@@ -305,7 +305,7 @@ async def _nats_peer(port: int, sizes: Sizes, runner: asyncio.Runner):
         return count
 
     return _Peer(lambda: _timed(lambda: runner.run(batched())), lambda: _timed(lambda: runner.run(consume())),
-                 lambda seconds, first: runner.run(sync(seconds, first))), nc
+                 lambda seconds, first: runner.run(sync(seconds, first)), server), nc
 
 
 # -- the table -----------------------------------------------------------------------------------
@@ -333,7 +333,7 @@ def run(workdir: Path, quick: bool) -> list[Row]:
             rates[name]["synchronous send"] = turns.sent / turns.seconds
             cpu[name] = turns.cpu_us_per_send()
     print("  synchronous send, CPU µs per send (server, client):",
-          ", ".join(f"{name} {server if server is not None else '?'} / {client}" for name, (server, client) in cpu.items()),
+          ", ".join(f"{name} {server} / {client}" for name, (server, client) in cpu.items()),
           flush=True)
     ours = rates.pop("orderlymq")
     rows = [Row(f"peers: {name}, orderlymq vs {peer}", ours[name], "msg/s", theirs[name], peer, BODY_BYTES, STREAMS,
@@ -349,22 +349,16 @@ class _Turns:
 
     sent: int = 0
     seconds: float = 0.0
-    server_cpu_s: float | None = 0.0  # None: the server's CPU could not be read
+    server_cpu_s: float = 0.0
     client_cpu_s: float = 0.0
 
-    def cpu_us_per_send(self) -> tuple[float | None, float]:
+    def cpu_us_per_send(self) -> tuple[float, float]:
         per_send = 1e6 / max(self.sent, 1)
-        server = None if self.server_cpu_s is None else round(self.server_cpu_s * per_send, 1)
-        return server, round(self.client_cpu_s * per_send, 1)
+        return round(self.server_cpu_s * per_send, 1), round(self.client_cpu_s * per_send, 1)
 
 
-def _process_cpu_s(pid: int | None) -> float | None:
-    """The CPU seconds process ``pid`` has used (user and system), from ``/proc``; None where unknown."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return None
+def _cpu_s(process: psutil.Process) -> float:
+    return sum(process.cpu_times()[:2])  # user and system
 
 
 def _sync_in_turns(systems: dict[str, _Peer], seconds: float) -> dict[str, tuple[int, _Turns]]:
@@ -376,19 +370,15 @@ def _sync_in_turns(systems: dict[str, _Peer], seconds: float) -> dict[str, tuple
     turns = {name: _Turns() for name in systems}
     for _ in range(SYNC_ROUNDS):
         for name, system in systems.items():
-            took, server_before, client_before = turns[name], _process_cpu_s(system.server_pid), time.process_time()
+            took, server_before, client_before = turns[name], _cpu_s(system.server), time.process_time()
             t0 = time.perf_counter()
             took.sent += system.sync(seconds / SYNC_ROUNDS, warm[name] + took.sent)
             took.seconds += time.perf_counter() - t0
             took.client_cpu_s += time.process_time() - client_before
-            server_after = _process_cpu_s(system.server_pid)
-            if None in (server_before, server_after, took.server_cpu_s):
-                took.server_cpu_s = None
-            else:
-                took.server_cpu_s += server_after - server_before
+            took.server_cpu_s += _cpu_s(system.server) - server_before
     return {name: (warm[name] + turns[name].sent, turns[name]) for name in systems}
 
 
-def _cpu_extra(cpu: dict[str, tuple[float | None, float]], peer: str) -> dict:
+def _cpu_extra(cpu: dict[str, tuple[float, float]], peer: str) -> dict:
     """The synchronous rows' CPU per send, ours and the peer's, server and client."""
     return {"CPU µs per send (server, client)": {"orderlymq": list(cpu["orderlymq"]), peer: list(cpu[peer])}}
