@@ -7,7 +7,8 @@ stream's previous answer, and, when newer, the committed offsets. A fetch is als
 acknowledgement of everything before its ends, and that is what ``wait_replicated`` waits for: with
 ``replication = "sync"`` a send is answered once every member of the sync-state set has it and
 the set has at least ``min_sync_replicas`` brokers. A send stored on the event loop awaits the
-same in ``replicated``, which hands no thread over: a future the acknowledging fetch resolves.
+same in ``replicated``, which hands no thread over: a future the acknowledging fetch resolves. A
+fetch of a slave that keeps up is answered, and waits for the next send, on the event loop too.
 
 The set changes here, through ``GroupControl`` (a versioned write: only the master of the
 current epoch can make it): a slave not caught up with the master for ``replica_lag_timeout_ms``
@@ -58,6 +59,7 @@ log = logging.getLogger(__name__)
 
 FETCH_WAIT_S = 0.5  # an idle fetch is answered (empty) after this long: the slave's heartbeat
 MAX_RESPONSE_BYTES = 4 << 20  # an answer cut short holds at least this much
+LOOP_ANSWER_MESSAGES = 64  # an answer bringing more is made on a thread, not on the event loop
 
 
 @dataclass
@@ -81,6 +83,7 @@ class _LoopWaiter:
     future: asyncio.Future
     what: str
     remedy: str
+    thread: int  # its loop's
 
 
 class ReplicaSource:
@@ -104,6 +107,7 @@ class ReplicaSource:
         self._open_streams: Counter[int] = Counter()
         self._high_watermark: dict[str, int] = {}
         self._loop_waiters: list[_LoopWaiter] = []
+        self._change_waiters: list[tuple[asyncio.Future, int]] = []  # fetches waiting on a loop, and its thread
         self._changes = 0  # grows with every append, commit or topic change: wakes parked fetches
         self.offsets_version = 0
         self.txn_log = TxnChangeLog()
@@ -122,12 +126,14 @@ class ReplicaSource:
             self.offsets_version = state.epoch << 32
             self.txn_log.begin_term(state.epoch)
             self._notify()
+            self._wake_change_waiters()
 
     def deactivate(self) -> None:
         """Stop serving: fetches are refused and every waiting send fails as not-master."""
         with self._cond:
             self._active = False
             self._notify()
+            self._wake_change_waiters()
 
     def changed(self, offsets: bool = False) -> None:
         """Something slaves copy changed (records, topics; ``offsets``: committed offsets)."""
@@ -136,6 +142,7 @@ class ReplicaSource:
             if offsets:
                 self.offsets_version += 1
             self._cond.notify_all()
+            self._wake_change_waiters()
 
     # -- acknowledging sends -------------------------------------------------------------------
 
@@ -205,7 +212,7 @@ class ReplicaSource:
                 raise self._stepped_down(what, remedy)
             if self._in_sync_set(has_it):
                 return None
-            waiter = _LoopWaiter(has_it, loop.create_future(), what, remedy)
+            waiter = _LoopWaiter(has_it, loop.create_future(), what, remedy, threading.get_ident())
             self._loop_waiters.append(waiter)
         timeout_s = self._wait_timeout_s()
         timer = loop.call_later(timeout_s, lambda: settle(waiter.future, None, self._timed_out(what, remedy, timeout_s)))
@@ -231,10 +238,7 @@ class ReplicaSource:
             else:
                 waiting.append(waiter)
                 continue
-            try:
-                waiter.future.get_loop().call_soon_threadsafe(settle, waiter.future, None, error)
-            except RuntimeError:  # the loop is closed: the broker is stopping, nobody awaits the answer
-                pass
+            _settle_from(waiter.future, waiter.thread, error)
         self._loop_waiters = waiting
 
     def _wait_timeout_s(self) -> float:
@@ -351,9 +355,68 @@ class ReplicaSource:
     async def serve_fetch(self, fetch: pb.ReplicaFetch, sent_at: float | None,
                           stream: FetchStream) -> tuple[pb.ReplicaData, float]:
         """On the event loop: take what ``fetch`` acknowledges (``sent_at``: when its stream's previous
-        answer was sent), then its answer, waited for on a thread, and when that was sent."""
+        answer was sent), then its answer and when that was sent.
+
+        A slave that keeps up asks for the few records each send adds: those are read, and waited
+        for, right here, where a thread would cost every synchronous send two hand-offs between
+        threads and a wake-up of the loop. A handshake, and an answer that may be heavy (a backlog,
+        the committed offsets, the whole transaction table), is made on a thread."""
         self._take_acknowledgement(fetch, sent_at, stream.moved)
-        return await asyncio.get_running_loop().run_in_executor(self._pool, self._answer, fetch, stream)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + FETCH_WAIT_S
+        while not fetch.handshake:
+            with self._cond:
+                self._check_term(fetch)
+                seen = self._changes
+            topics = self.service.store.topic_table()
+            candidates = stream.candidates(topics)
+            if self._heavy(fetch, stream, topics, candidates):
+                stream.left |= candidates  # the thread's look takes them again
+                break
+            answer, complete = self._collect(fetch, stream, topics, candidates)
+            if _worth_sending(answer, fetch) or loop.time() >= deadline:
+                return answer, self._sent(fetch, stream, topics, complete)
+            await self._change_after(seen, deadline - loop.time())
+        return await loop.run_in_executor(self._pool, self._answer, fetch, stream)
+
+    def _heavy(self, fetch: pb.ReplicaFetch, stream: FetchStream, topics: Mapping[str, int],
+               candidates: set[QueueRef]) -> bool:
+        """Whether answering ``fetch`` from ``candidates`` may take long enough to hold up the loop."""
+        if fetch.offsets_version != self.offsets_version or not self.txn_log.holds(fetch.txn_seq):
+            return True
+        store, have, pending = self.service.store, stream.have, 0
+        for topic, queue_id in candidates:
+            if queue_id < topics.get(topic, 0):
+                queue = store.queue(topic, queue_id)
+                pending += queue.max_offset - max(have.get(queue_key(topic, queue_id), 0), queue.min_offset)
+                if pending > LOOP_ANSWER_MESSAGES:
+                    return True
+        return False
+
+    async def _change_after(self, seen: int, timeout_s: float) -> None:
+        """Return once something slaves copy changed after change number ``seen``, this broker
+        stopped or started being master, or ``timeout_s`` passed."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        waiter = (future, threading.get_ident())
+        with self._cond:
+            if self._changes != seen:
+                return
+            self._change_waiters.append(waiter)
+        timer = loop.call_later(max(timeout_s, 0), settle, future, None, None)
+        try:
+            await future
+        finally:
+            timer.cancel()
+            with self._cond:
+                if waiter in self._change_waiters:
+                    self._change_waiters.remove(waiter)
+
+    def _wake_change_waiters(self) -> None:
+        """Under the lock: end every ``_change_after``."""
+        for future, thread in self._change_waiters:
+            _settle_from(future, thread, None)
+        self._change_waiters = []
 
     def stream_opened(self, broker_id: int) -> None:
         with self._cond:
@@ -369,8 +432,7 @@ class ReplicaSource:
         """The answer to ``fetch`` (acknowledged already: ``_take_acknowledgement``) and when it
         was sent (at the latest: the slave's promise runs from its receipt)."""
         with self._cond:
-            if not self._active or fetch.group_epoch != self.epoch:
-                raise self.not_master()
+            self._check_term(fetch)
             if fetch.handshake:
                 self._followers.setdefault(fetch.broker_id, _Follower())
                 return (pb.ReplicaData(group_epoch=self.epoch, epoch_history=self.history.encoded(), delta_fetches=True),
@@ -380,19 +442,31 @@ class ReplicaSource:
             with self._cond:
                 seen = self._changes
             topics = self.service.store.topic_table()
-            answer, complete = self._collect(fetch, stream, topics)
-            if answer.records or answer.offsets or answer.txn_seq != fetch.txn_seq or time.monotonic() >= deadline:
+            answer, complete = self._collect(fetch, stream, topics, stream.candidates(topics))
+            if _worth_sending(answer, fetch) or time.monotonic() >= deadline:
                 break
             with self._cond:
                 if not self._active:
                     raise self.not_master()
                 if self._changes == seen:
                     self._cond.wait(deadline - time.monotonic())
+        return answer, self._sent(fetch, stream, topics, complete)
+
+    def _check_term(self, fetch: pb.ReplicaFetch) -> None:
+        """Under the lock: refuse a fetch while not master of the term it was made in."""
+        if not self._active or fetch.group_epoch != self.epoch:
+            raise self.not_master()
+
+    def _sent(self, fetch: pb.ReplicaFetch, stream: FetchStream, topics: Mapping[str, int],
+              complete: dict[str, int] | None) -> float:
+        """The answer to ``fetch`` is made: what it promises the slave holds once it acknowledges
+        it, and when it was sent (at the latest: the slave's promise runs from its receipt)."""
         stream.topics_sent = topics
         with self._cond:
+            self._check_term(fetch)  # a step-down while it was made: the follower table may be gone
             follower = self._followers[fetch.broker_id]
             follower.promised, follower.promised_at = complete, (sent := lease_clock.now())
-        return answer, sent
+        return sent
 
     def _take_acknowledgement(self, fetch: pb.ReplicaFetch, received: float | None, moved: dict[str, int]) -> None:
         """On the event loop, as the fetch arrives: the sends it acknowledges are answered without
@@ -426,11 +500,11 @@ class ReplicaSource:
     def _ends(self) -> dict[str, int]:
         return keyed(self.service.store.ends())
 
-    def _collect(self, fetch: pb.ReplicaFetch, stream: FetchStream,
-                 topics: Mapping[str, int]) -> tuple[pb.ReplicaData, dict[str, int] | None]:
-        """What follows the slave's copy in the queues ``stream`` looks at, with the topic table
-        ``topics`` unless the stream's previous answer carried it; and the ends of those queues
-        when that is all of it (else None: the rest is left for the next answer)."""
+    def _collect(self, fetch: pb.ReplicaFetch, stream: FetchStream, topics: Mapping[str, int],
+                 candidates: set[QueueRef]) -> tuple[pb.ReplicaData, dict[str, int] | None]:
+        """What follows the slave's copy in ``candidates``, the queues ``stream`` looks at, with the
+        topic table ``topics`` unless the stream's previous answer carried it; and the ends of those
+        queues when that is all of it (else None: the rest is left for the next answer)."""
         have = stream.have
         store = self.service.store
         answer = pb.ReplicaData(group_epoch=self.epoch)
@@ -440,7 +514,7 @@ class ReplicaSource:
         else:
             answer.topics.update(topics)
         ends, left, budget = {}, set(), MAX_RESPONSE_BYTES
-        for topic, queue_id in sorted(stream.candidates(topics)):
+        for topic, queue_id in sorted(candidates):
             if queue_id >= topics.get(topic, 0):
                 continue  # its topic was deleted since its end moved
             queue = store.queue(topic, queue_id)
@@ -479,6 +553,22 @@ class ReplicaSource:
     def close(self) -> None:
         self.deactivate()
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _worth_sending(answer: pb.ReplicaData, fetch: pb.ReplicaFetch) -> bool:
+    """Whether ``answer`` brings the slave anything, so goes now rather than at the end of the wait."""
+    return bool(answer.records or answer.offsets or answer.txn_seq != fetch.txn_seq)
+
+
+def _settle_from(future: asyncio.Future, thread: int, error: BaseException | None) -> None:
+    """Settle a future of the loop running on ``thread``: at once on that thread, else through the loop."""
+    if threading.get_ident() == thread:
+        settle(future, None, error)
+        return
+    try:
+        future.get_loop().call_soon_threadsafe(settle, future, None, error)
+    except RuntimeError:  # the loop is closed: the broker is stopping, nobody awaits the answer
+        pass
 
 
 class FetchStream:

@@ -94,12 +94,20 @@ class TxnChangeLog:
                 self._first = seq
             return self._last
 
+    def holds(self, seq: int) -> bool:
+        """Whether the log can tell the changes after ``seq`` (``since`` gives them)."""
+        with self._cond:
+            return self._holds(seq)
+
     def since(self, seq: int) -> list[pb.TxnChange] | None:
         """The changes after ``seq``; None when the log cannot tell (another term, or dropped)."""
         with self._cond:
-            if seq >> 32 != self._first >> 32 or seq < self._first or seq > self._last:
+            if not self._holds(seq):
                 return None
             return [change for number, change in self._changes if number > seq]
+
+    def _holds(self, seq: int) -> bool:
+        return seq >> 32 == self._first >> 32 and self._first <= seq <= self._last
 
 
 def table_changes(txns: TransactionManager) -> list[pb.TxnChange]:

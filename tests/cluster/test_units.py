@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 
@@ -253,6 +254,77 @@ def test_a_master_sends_its_topic_table_on_a_stream_only_when_it_changed(tmp_pat
         stream = FetchStream(source)
         assert answers(stream, on_change) == {"t": 2}  # a new stream starts with the table
         stream.close()
+    source.close()
+    service.close()
+
+
+def test_a_slave_that_keeps_up_is_answered_on_the_loop_and_a_backlog_on_a_thread(tmp_path, monkeypatch):
+    """A fetch with little to bring waits on the event loop and is answered there as soon as a
+    send is stored (on the loop or on another thread); a step-down ends its wait at once. A
+    backlog is read on a thread, and none of it is skipped on the way there."""
+    monkeypatch.setattr(replication, "FETCH_WAIT_S", 5.0)  # a wait that ends early says what ended it
+    service = BrokerService(BrokerConfig(data_dir=str(tmp_path / "master")))
+    service.CreateTopic(pb.CreateTopicRequest(topic="t", queue_count=2))
+    source = ReplicaSource(service, EpochHistory(tmp_path / "epochs.json"), 0, lambda: NotMasterError("stepped down"))
+    source.activate(GroupState(1, 0, "", frozenset({0, 1})), {})
+    queues = [service.store.queue("t", q) for q in range(2)]
+    stream = FetchStream(source)
+    on_thread = []
+    answer_on_thread = source._answer
+    monkeypatch.setattr(source, "_answer", lambda *args: on_thread.append(args[0]) or answer_on_thread(*args))
+    have = {0: 0, 1: 0}
+    held = {"offsets_version": 0, "txn_seq": 0}  # what the slave holds besides records
+
+    def fetch() -> pb.ReplicaFetch:
+        return pb.ReplicaFetch(broker_id=1, group_epoch=1, **held,
+                               ends=[pb.QueuePosition(topic="t", queue_id=q, offset=end) for q, end in have.items()])
+
+    def take(answer: pb.ReplicaData) -> dict[int, int]:
+        """The messages per queue ``answer`` brings, now held."""
+        held["txn_seq"] = answer.txn_seq
+        held["offsets_version"] = answer.offsets_version or held["offsets_version"]
+        counts = {r.queue_id: parse_header(r.frames[:HEADER.size]).count for r in answer.records}
+        for queue_id, count in counts.items():
+            have[queue_id] += count
+        return counts
+
+    async def answered(store) -> dict[int, int]:
+        """The messages per queue of the answer to a fetch made before ``store`` runs."""
+        waiting = asyncio.ensure_future(stream.answer(fetch()))
+        await asyncio.sleep(0.05)
+        assert not waiting.done(), "nothing to bring yet: the fetch waits"
+        started = time.monotonic()
+        store()
+        answer = await asyncio.wait_for(waiting, 2)
+        assert time.monotonic() - started < 1, "answered when the send came, not at the end of the wait"
+        return take(answer)
+
+    def stored(queue_id: int, start: int, n: int) -> None:
+        queues[queue_id].append(*batch(start, n))
+        source.changed()
+
+    async def scenario() -> None:
+        await stream.answer(pb.ReplicaFetch(broker_id=1, group_epoch=1, handshake=True))
+        assert take(await stream.answer(fetch())) == {}  # the first: offsets and transactions, on a thread
+        on_thread.clear()
+        assert await answered(lambda: stored(0, 0, 1)) == {0: 1}
+        taker = threading.Thread(target=stored, args=(1, 0, 2))
+        assert await answered(taker.start) == {1: 2}
+        taker.join()
+        assert on_thread == [], "a slave that keeps up is answered on the loop"
+        stored(0, 1, replication.LOOP_ANSWER_MESSAGES)
+        stored(1, 2, 1)
+        assert take(await stream.answer(fetch())) == {0: replication.LOOP_ANSWER_MESSAGES, 1: 1}
+        assert len(on_thread) == 1, "a backlog is read on a thread"
+        waiting = asyncio.ensure_future(stream.answer(fetch()))
+        await asyncio.sleep(0.05)
+        source.deactivate()
+        with pytest.raises(NotMasterError):
+            await asyncio.wait_for(waiting, 1)
+        assert source._change_waiters == []
+
+    asyncio.run(scenario())
+    stream.close()
     source.close()
     service.close()
 
