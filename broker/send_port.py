@@ -147,7 +147,8 @@ class _SendConnection(FramedConnection):
 
     In a broker group, a send that may be stored on the loop is stored as it arrives, and answered
     once its slaves hold it: the sends behind it are stored meanwhile, so that a pipelining client's
-    batches wait for one round of the slaves' fetches together, not for one round each. A request
+    batches wait for one round of the slaves' fetches together, not for one round each. One with no
+    slave to wait for and no answer before it is answered at once, as outside a group. A request
     that runs elsewhere (a thread: big batches, transactions) holds the ones behind it back until it
     is done, so that the log keeps the order the requests came in."""
 
@@ -180,7 +181,11 @@ class _SendConnection(FramedConnection):
         if isinstance(request, pb.SendResponse):
             self._queued.append((request, size, started))
         elif not self._unstored and self._sends.stores_before_answering(request, size):
-            self._queued.append((_Stored(request, *self._sends.store_now(request)), size, started))
+            stored = _Stored(request, *self._sends.store_now(request))
+            if self._worker is None and stored.replicated is None:  # no slave to wait for, no answer before it
+                self._answer(stored.answer, started)
+                return
+            self._queued.append((stored, size, started))
         else:
             self._unstored += 1
             self._queued.append((request, size, started))

@@ -126,9 +126,16 @@ def test_a_broker_whose_loop_polls_stores_synchronous_sends_complete_and_in_orde
     """Two threads of one producer send keys of their own, one message at a time: the loop polls
     between them (the machine taken to have a CPU to spare, whatever runs beside the test) and
     every key's messages are stored once each, in order."""
-    running = broker_factory(busy_poll_us=100_000)
+    polled_between_synchronous_sends(broker_factory(busy_poll_us=100_000), topic_name)
+
+
+def polled_between_synchronous_sends(running, topic_name: str) -> None:
+    """Two threads of one producer send keys of their own to ``running`` (an in-process broker
+    with ``busy_poll_us`` set), one message at a time; fails unless the loop polled and every key's
+    messages are stored once each, in order."""
     running.busy_loop._cpu_to_spare = lambda: True
-    Admin(running.address).create_topic(topic_name, 4)
+    with Admin(running.address) as admin:
+        admin.create_topic(topic_name, 4)
     history, lock = History(), threading.Lock()
 
     def send(keys: tuple[str, ...]) -> None:

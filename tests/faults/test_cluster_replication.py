@@ -33,7 +33,8 @@ from connector.history import Delivery, History, check
 from connector.spark.options import SourceOptions
 from connector.spark.partitions import QueuePartition, read_partition
 from connector.spark.schema import arrow_schema, source_schema
-from tests.faults.cluster_group import group_behind
+from tests.broker.test_busy_loop import polled_between_synchronous_sends
+from tests.faults.cluster_group import CLUSTER_BROKER, group_behind
 from tests.faults.fault_profile import PROFILE
 from tests.faults.workload import body, keyed_producers, parse_body, send_all, stored_deliveries
 from tests.support import port_calls, wait_until
@@ -237,15 +238,16 @@ def _answers_over_grpc(address: str, frames: list[bytes]) -> list[pb.SendRespons
         return list(stream(iter(frames), timeout=60))
 
 
-@pytest.mark.parametrize("path", ["lean port", "gRPC"])
-def test_a_burst_on_a_master_is_stored_as_it_comes_and_answered_once_replicated(broker_group, path):
+@pytest.mark.parametrize(("size", "path"), [(2, "lean port"), (2, "gRPC"), (1, "lean port")])
+def test_a_burst_on_a_master_is_stored_as_it_comes_and_answered_once_replicated(broker_group, size, path):
     """A pipelining client's burst on the master's lean port, or on one ``SendStream``: each small
-    send is stored as it arrives and answered, in request order, once the slave holds it. A send
-    run on a thread (a big batch, a transactional send) holds the sends behind it back until it is
-    done, so the log keeps the request order, and a malformed request gets its error in its place.
-    The master is then killed: the slave that takes over holds every acknowledged send once, each
-    key in order."""
-    group = broker_group(2)
+    send is stored as it arrives and answered, in request order, once the slave holds it (in a
+    group of one, at once when no answer waits before it). A send run on a thread (a big batch, a
+    transactional send) holds the sends behind it back until it is done, so the log keeps the
+    request order, and a malformed request gets its error in its place. The master is then killed:
+    the slave that takes over (in a group of one, the master restarted) holds every acknowledged
+    send once, each key in order."""
+    group = broker_group(size, min_sync_replicas=size)
     master = group.wait_for_master()
     with Admin(group.addresses) as admin:
         admin.create_topic(TOPIC, QUEUES)
@@ -283,7 +285,18 @@ def test_a_burst_on_a_master_is_stored_as_it_comes_and_answered_once_replicated(
     assert got == expected
     assert answers[200].count == 5000 and len(frames[200]) > 64 * 1024
     master.kill9()
-    promoted = group.wait_for_master(exclude=master)
+    if size == 1:
+        master.start()
+    promoted = group.wait_for_master(exclude=master if size > 1 else None)
     with BrokerConnection(promoted.address) as conn:
         verdict = check(history.sends, stored_deliveries(conn, TOPIC))
     assert verdict.ok and verdict.deliveries == len(history.sends), str(verdict)
+
+
+def test_a_group_of_one_answers_synchronous_sends_at_once_and_its_loop_polls(broker_factory, zookeeper, topic_name):
+    """With no slave to wait for, a master answers a synchronous send as it stores it, as a
+    broker outside a group does: its loop polls for the sender's next send (a poll starts only
+    after a send answered at once), and two threads' keys are stored complete, once each, in order."""
+    settings = CLUSTER_BROKER | dict(zookeeper=zookeeper.connect_string, broker_name="group-a", broker_id=0,
+                                     min_sync_replicas=1, busy_poll_us=100_000)
+    polled_between_synchronous_sends(broker_factory(**settings), topic_name)
