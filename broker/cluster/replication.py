@@ -562,11 +562,11 @@ def _worth_sending(answer: pb.ReplicaData, fetch: pb.ReplicaFetch) -> bool:
 
 def _settle_from(future: asyncio.Future, thread: int, error: BaseException | None) -> None:
     """Settle a future of the loop running on ``thread``: at once on that thread, else through the loop."""
-    if threading.get_ident() == thread:
-        settle(future, None, error)
-        return
     try:
-        future.get_loop().call_soon_threadsafe(settle, future, None, error)
+        if threading.get_ident() == thread:
+            settle(future, None, error)
+        else:
+            future.get_loop().call_soon_threadsafe(settle, future, None, error)
     except RuntimeError:  # the loop is closed: the broker is stopping, nobody awaits the answer
         pass
 
