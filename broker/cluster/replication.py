@@ -141,7 +141,6 @@ class ReplicaSource:
             self._changes += 1
             if offsets:
                 self.offsets_version += 1
-            self._cond.notify_all()
             self._wake_change_waiters()
 
     # -- acknowledging sends -------------------------------------------------------------------
@@ -357,27 +356,30 @@ class ReplicaSource:
         """On the event loop: take what ``fetch`` acknowledges (``sent_at``: when its stream's previous
         answer was sent), then its answer and when that was sent.
 
-        A slave that keeps up asks for the few records each send adds: those are read, and waited
-        for, right here, where a thread would cost every synchronous send two hand-offs between
-        threads and a wake-up of the loop. A handshake, and an answer that may be heavy (a backlog,
-        the committed offsets, the whole transaction table), is made on a thread."""
+        The answer waits on the loop for something to bring. A slave that keeps up asks for the few
+        records each send adds: those are read right here, where a thread would cost every
+        synchronous send two hand-offs between threads and a wake-up of the loop. An answer that
+        may be heavy (a backlog, the committed offsets, the whole transaction table) is collected on
+        a thread."""
         self._take_acknowledgement(fetch, sent_at, stream.moved)
+        if fetch.handshake:
+            return self._greet(fetch)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + FETCH_WAIT_S
-        while not fetch.handshake:
+        while True:
             with self._cond:
                 self._check_term(fetch)
                 seen = self._changes
             topics = self.service.store.topic_table()
             candidates = stream.candidates(topics)
             if self._heavy(fetch, stream, topics, candidates):
-                stream.left |= candidates  # the thread's look takes them again
-                break
-            answer, complete = self._collect(fetch, stream, topics, candidates)
+                answer, complete = await loop.run_in_executor(self._pool, self._collect, fetch, stream, topics,
+                                                              candidates)
+            else:
+                answer, complete = self._collect(fetch, stream, topics, candidates)
             if _worth_sending(answer, fetch) or loop.time() >= deadline:
                 return answer, self._sent(fetch, stream, topics, complete)
             await self._change_after(seen, deadline - loop.time())
-        return await loop.run_in_executor(self._pool, self._answer, fetch, stream)
 
     def _heavy(self, fetch: pb.ReplicaFetch, stream: FetchStream, topics: Mapping[str, int],
                candidates: set[QueueRef]) -> bool:
@@ -428,29 +430,14 @@ class ReplicaSource:
             if not self._open_streams[broker_id]:
                 del self._open_streams[broker_id]
 
-    def _answer(self, fetch: pb.ReplicaFetch, stream: FetchStream) -> tuple[pb.ReplicaData, float]:
-        """The answer to ``fetch`` (acknowledged already: ``_take_acknowledgement``) and when it
-        was sent (at the latest: the slave's promise runs from its receipt)."""
+    def _greet(self, fetch: pb.ReplicaFetch) -> tuple[pb.ReplicaData, float]:
+        """The answer to a handshake, and when it was sent (at the latest: the slave's promise runs
+        from its receipt)."""
         with self._cond:
             self._check_term(fetch)
-            if fetch.handshake:
-                self._followers.setdefault(fetch.broker_id, _Follower())
-                return (pb.ReplicaData(group_epoch=self.epoch, epoch_history=self.history.encoded(), delta_fetches=True),
-                        lease_clock.now())
-        deadline = time.monotonic() + FETCH_WAIT_S
-        while True:
-            with self._cond:
-                seen = self._changes
-            topics = self.service.store.topic_table()
-            answer, complete = self._collect(fetch, stream, topics, stream.candidates(topics))
-            if _worth_sending(answer, fetch) or time.monotonic() >= deadline:
-                break
-            with self._cond:
-                if not self._active:
-                    raise self.not_master()
-                if self._changes == seen:
-                    self._cond.wait(deadline - time.monotonic())
-        return answer, self._sent(fetch, stream, topics, complete)
+            self._followers.setdefault(fetch.broker_id, _Follower())
+            return (pb.ReplicaData(group_epoch=self.epoch, epoch_history=self.history.encoded(), delta_fetches=True),
+                    lease_clock.now())
 
     def _check_term(self, fetch: pb.ReplicaFetch) -> None:
         """Under the lock: refuse a fetch while not master of the term it was made in."""
@@ -470,8 +457,8 @@ class ReplicaSource:
 
     def _take_acknowledgement(self, fetch: pb.ReplicaFetch, received: float | None, moved: dict[str, int]) -> None:
         """On the event loop, as the fetch arrives: the sends it acknowledges are answered without
-        waiting for a thread to take the fetch (one that this master's term does not accept is
-        refused by ``_answer``); ``received``: when the stream's previous answer, which ``fetch``
+        waiting for its answer (one that this master's term does not accept is refused by
+        ``serve_fetch``); ``received``: when the stream's previous answer, which ``fetch``
         acknowledges, was sent; ``moved``: the ends the fetch lists."""
         with self._cond:
             if self._active and fetch.group_epoch == self.epoch and not fetch.handshake:

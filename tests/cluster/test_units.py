@@ -126,8 +126,8 @@ def test_a_promise_runs_from_an_answer_sent_on_the_stream_that_acknowledges_it(t
     source.activate(GroupState(1, 0, "", frozenset({0, 1})), {})
     handshake = pb.ReplicaFetch(broker_id=1, group_epoch=1, handshake=True)
     fetch = pb.ReplicaFetch(broker_id=1, group_epoch=1)
-    _, old_sent = source._answer(handshake, FetchStream(source))  # the old stream's
-    _, new_sent = source._answer(handshake, FetchStream(source))  # the new stream's, answered later
+    _, old_sent = source._greet(handshake)  # the old stream's
+    _, new_sent = source._greet(handshake)  # the new stream's, answered later
     source._take_acknowledgement(fetch, old_sent, {})  # on the old stream: the new stream's answer is not acknowledged
     assert source.promised_until(1.0) == old_sent + 1.0 < new_sent + 1.0
     source._take_acknowledgement(fetch, new_sent, {})
@@ -149,7 +149,7 @@ def test_a_send_on_the_loop_awaits_the_fetch_that_acknowledges_it_and_fails_on_t
     service.CreateTopic(pb.CreateTopicRequest(topic="t", queue_count=1))
     source = ReplicaSource(service, EpochHistory(tmp_path / "epochs.json"), 0, lambda: NotMasterError("stepped down"))
     source.activate(GroupState(1, 0, "", frozenset({0, 1})), {})
-    source._answer(pb.ReplicaFetch(broker_id=1, group_epoch=1, handshake=True), FetchStream(source))
+    source._greet(pb.ReplicaFetch(broker_id=1, group_epoch=1, handshake=True))
 
     async def scenario() -> None:
         waiting = source.replicated("t", 0, 5)
@@ -269,9 +269,16 @@ def test_a_slave_that_keeps_up_is_answered_on_the_loop_and_a_backlog_on_a_thread
     source.activate(GroupState(1, 0, "", frozenset({0, 1})), {})
     queues = [service.store.queue("t", q) for q in range(2)]
     stream = FetchStream(source)
-    on_thread = []
-    answer_on_thread = source._answer
-    monkeypatch.setattr(source, "_answer", lambda *args: on_thread.append(args[0]) or answer_on_thread(*args))
+    on_thread = []  # the answers collected on a thread, not on the loop's
+    loop_thread = threading.get_ident()
+    collect = source._collect
+
+    def collect_where(fetch, *args):
+        if threading.get_ident() != loop_thread:
+            on_thread.append(fetch)
+        return collect(fetch, *args)
+
+    monkeypatch.setattr(source, "_collect", collect_where)
     have = {0: 0, 1: 0}
     held = {"offsets_version": 0, "txn_seq": 0}  # what the slave holds besides records
 
@@ -337,7 +344,7 @@ def test_a_slave_stays_connected_while_any_of_its_streams_is_open(tmp_path):
     source = ReplicaSource(service, EpochHistory(tmp_path / "epochs.json"), 0, lambda: NotMasterError("stepped down"))
     source.stream_opened(1)
     source.activate(GroupState(1, 0, "", frozenset({0, 1})), {})
-    source._answer(pb.ReplicaFetch(broker_id=1, group_epoch=1, handshake=True), FetchStream(source))
+    source._greet(pb.ReplicaFetch(broker_id=1, group_epoch=1, handshake=True))
     source.stream_opened(1)  # dialed again
     source.stream_closed(1)  # the old stream ends
     assert [r.connected for r in source.replica_status()] == [True]
