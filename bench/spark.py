@@ -1,7 +1,8 @@
 """Spark benchmarks: the ``orderlymq`` source and sink against the ceilings of Spark's Python data
 source path (``benchmem``, the same Arrow schema and batch sizes from memory; ``benchdiscard``, a
 Python Arrow writer that drops its input) and ``noop``, measured in turn (full run: medians of 5
-rounds); end-to-end latency with the phases of its micro-batches; the CPU a sink task spends per
+rounds); the ordered pipeline ``orderlymq`` -> ``orderlymq`` exactly once against at least once;
+end-to-end latency with the phases of its micro-batches; the CPU a sink task spends per
 row; the broker-side cost of one micro-batch's control calls."""
 
 from __future__ import annotations
@@ -13,10 +14,14 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+import pyarrow as pa
+
 from bench.broker import BODY_BYTES, make_batch, make_table
 from bench.memsource import DiscardSink, MemSource
 from bench.report import Row, in_turn, medians, percentile, round_ratios
 from broker.launcher import BrokerProcess
+from broker.wire import codec
+from broker.wire.routing import queue_ids
 from connector.client.connection import BrokerConnection, pb
 from spark_jobs.session import spark_session
 
@@ -92,6 +97,43 @@ def sink_vs_ceiling(spark, workdir: Path, address: str, rows: int,
         conn.close()
 
 
+def _prefill_keyed(conn: BrokerConnection, topic: str, rows: int) -> int:
+    """``topic`` of ``QUEUES`` queues holding about ``rows`` rows, each in the queue its key routes
+    to (as a keyed producer stores them); the rows stored."""
+    table = make_table(PULL_BATCH_ROWS)
+    routed = queue_ids(table.column("key"), QUEUES)
+    payloads = [(queue_id, codec.encode(codec.normalize(table.filter(pa.array(routed == queue_id)))),
+                 int((routed == queue_id).sum())) for queue_id in range(QUEUES)]
+    conn.call("CreateTopic", pb.CreateTopicRequest(topic=topic, queue_count=QUEUES))
+    stored = 0
+    while stored < rows:
+        for queue_id, payload, count in payloads:
+            conn.call("Send", pb.SendRequest(topic=topic, queue_id=queue_id, batch=payload))
+            stored += count
+    return stored
+
+
+def copy_pipeline(spark, workdir: Path, address: str, topic: str, rows: int,
+                  rounds: int = 1) -> list[tuple[float, float]]:
+    """Rows/s of the ordered pipeline, ``orderlymq`` -> ``orderlymq`` by key into a topic as large
+    (each task writes only the queue it reads), exactly once and at least once, per round."""
+    conn = BrokerConnection(address)
+
+    def copy(exactly_once: str) -> Callable[[], float]:
+        def run() -> float:
+            target = f"bench-copy-{exactly_once}-{uuid.uuid4().hex[:6]}"
+            conn.call("CreateTopic", pb.CreateTopicRequest(topic=target, queue_count=QUEUES))
+            source = _source(spark, address, topic, f"bench-copy-{uuid.uuid4().hex[:6]}").select("key", "body")
+            return rows / _run_available_now(source, workdir / f"ck-{uuid.uuid4().hex}", "orderlymq", brokers=address,
+                                             topic=target, shardingKey="key", exactlyOnce=exactly_once)
+        return run
+
+    try:
+        return [in_turn([copy("true"), copy("false")], r) for r in range(rounds)]
+    finally:
+        conn.close()
+
+
 def end_to_end_latency(spark, workdir: Path, address: str, samples: int, warmup: int
                        ) -> tuple[float, float, dict[str, float]]:
     """Produce -> row visible to a consumer of the sink's output topic (processingTime 0); p50, p99
@@ -108,8 +150,6 @@ def end_to_end_latency(spark, workdir: Path, address: str, samples: int, warmup:
              .option("brokers", address).option("topic", dst).option("shardingKey", "key")
              .option("checkpointLocation", str(workdir / f"ck-{uuid.uuid4().hex}"))
              .trigger(processingTime="0 seconds").start())
-    from broker.wire import codec
-
     latencies: list[float] = []
     sent: dict[int, float] = {}
     done = threading.Event()
@@ -260,6 +300,14 @@ def run(workdir: Path, quick: bool) -> list[Row]:
                            "benchmem -> Python discard writer", BODY_BYTES, QUEUES, extra=round_ratios(measured, 1, 3)))
             out.append(Row("spark sink ceiling: benchmem -> Python discard writer", discard, "rows/s", noop,
                            "benchmem -> noop (JVM only)", BODY_BYTES, QUEUES, extra=round_ratios(measured, 3, 2)))
+            conn = BrokerConnection(broker.address)
+            keyed = _prefill_keyed(conn, "bench-keyed", rows_total)  # written now: its rows are still cached
+            conn.close()
+            copy_pipeline(spark, workdir, broker.address, "bench-keyed", keyed)
+            measured = copy_pipeline(spark, workdir, broker.address, "bench-keyed", keyed, min(rounds, 3))
+            eo, alo = medians(measured)
+            out.append(Row("spark pipeline: orderlymq -> orderlymq by key (exactly once)", eo, "rows/s", alo,
+                           "the same, at least once", BODY_BYTES, QUEUES, extra=round_ratios(measured, 0, 1)))
             p50, p99, phases = end_to_end_latency(spark, workdir, broker.address, *((25, 10) if quick else (200, 300)))
             out.append(Row("end-to-end latency p50 (produce -> sink output)", p50, "ms", goal="<= 150 ms",
                            message_bytes=BODY_BYTES, queues=1, extra={"micro-batch phases, median ms": phases}))

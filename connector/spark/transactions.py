@@ -15,7 +15,8 @@ batch-level marker committed after the data still leaves a window (data committe
 in which a replay duplicates the batch. So the driver first records a *commit plan* — the list
 of ``(partition, transaction id)`` it is about to commit — as one message appended (atomically)
 to the internal topic ``__orderlymq_spark_sink`` with the query id as its tag, and only then
-commits the transactions in partition order. A replay of the batch finds the plan and commits
+commits the transactions: every queue gets its parts in partition order, and parts with no queue
+in common are committed side by side (``_waves``). A replay of the batch finds the plan and commits
 exactly the planned transactions (``CommitTxn`` of a committed id is an idempotent no-op) and
 aborts its own. A planned transaction the broker aborted meanwhile (its timeout passed during a
 long outage) was never visible, so the replay's transaction of that partition, which holds the
@@ -44,8 +45,8 @@ group's master holds its own transactions: a task's transaction has one part per
 to, and the plan lists ``(partition, broker group, transaction id)`` for every part. Committed,
 replayed and substituted part by part, the plan is made visible exactly on every group (a
 ``CommitTxn`` of a committed id is a no-op on its group; a part aborted by timeout is replaced
-by the replay's part of the same partition and group). Each group's parts are committed in
-partition order and the groups side by side, so a reader may see some groups' parts of a batch
+by the replay's part of the same partition and group). Each group's parts are committed as on
+a single broker and the groups side by side, so a reader may see some groups' parts of a batch
 before the others', as within one broker it may see some partitions' before the others'.
 """
 
@@ -54,7 +55,8 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from typing import TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -75,6 +77,9 @@ from connector.spark.metadata import Connection, at_once, each_concurrently, gro
 __all__ = ["SINK_LOG_TOPIC", "abort_all", "abort_batch", "commit_batch", "task_txn_id"]
 
 log = logging.getLogger(__name__)
+
+_P = TypeVar("_P", bound=tuple)
+_R = TypeVar("_R")
 
 SINK_LOG_TOPIC = "__orderlymq_spark_sink"
 _PLAN_TAG = "plan"
@@ -162,6 +167,7 @@ def commit_batch(
     replayable: bool,
     then: Callable[[], object] | None = None,
     run_id: str = "",
+    queues: Mapping[str, frozenset[tuple[str, int]]] | None = None,
 ) -> int:
     """Commit the batch ``batch_id`` of ``query_id`` once; the number of rows made visible now.
 
@@ -169,12 +175,14 @@ def commit_batch(
     (a streaming query) a plan recorded by an earlier attempt of the batch wins, as explained above,
     and ``then`` is called once the batch is visible, while its plan's position is recorded.
     ``run_id``: the query's run the batch belongs to, empty when unknown (then a lookup is always made).
+    ``queues``: the ``(topic, queue id)`` each transaction staged rows into, where known (``_waves``).
     """
     txns = sorted(txns)
+    queues = queues or {}
     if isinstance(conn, RoutedConnection) and any(group for _, group, _ in txns):
         conn.groups()  # learn every group: a plan may name groups no route read by this process holds
     if not replayable:
-        return sum(_commit(conn, group, txn_id) for _, group, txn_id in txns)
+        return sum(_commit_in_waves(lambda part: _commit(conn, part[1], part[2]), txns, queues))
     try:
         found = None if _later_in_run(conn, query_id, batch_id, run_id) else _find_plan(conn, query_id, batch_id)
     except TopicNotFoundError:  # the first batch ever committed through this broker: no plan anywhere
@@ -193,8 +201,11 @@ def commit_batch(
         per_group.setdefault(group, []).append((partition, txn_id))
 
     def commit_group(group: str) -> list[tuple[str, int, str]]:  # (group, rows, transaction committed) per part
-        return [(group, *_commit_part(conn, query_id, batch_id, group, partition, txn_id, mine.get((partition, group))))
-                for partition, txn_id in per_group[group]]
+        def commit_part(part: tuple[int, str]) -> tuple[str, int, str]:
+            partition, txn_id = part
+            return group, *_commit_part(conn, query_id, batch_id, group, partition, txn_id, mine.get((partition, group)))
+
+        return _commit_in_waves(commit_part, per_group[group], queues)
 
     done = [part for parts in each_concurrently(commit_group, list(per_group)) for part in parts]
     committed = sum(rows for _, rows, _ in done)
@@ -241,6 +252,39 @@ def _commit_part(conn: Connection, query_id: str, batch_id: int, group: str, par
                 txn_id, _on_group(group), substitute)
     _record_plan(conn, query_id, batch_id, [(partition, group, substitute)], revision=True)
     return _commit(conn, group, substitute), substitute
+
+
+def _waves(parts: Sequence[_P], queues: Mapping[str, frozenset[tuple[str, int]]]) -> list[list[_P]]:
+    """``parts`` (in partition order, their transaction id last) as waves to commit one after the
+    other, the parts of a wave side by side: each part comes in a wave after every earlier part
+    it shares a queue with, so that every queue still gets the parts in partition order. A part
+    whose queues are unknown (``queues`` does not name its transaction: one planned by an earlier
+    attempt) is taken to share every queue.
+
+    In a pipeline that keeps its keys' queues (each task reads one queue and writes to the queue
+    of the same number), no two parts share a queue: the whole batch is one wave."""
+    waves: list[list[_P]] = []
+    last_wave: dict[tuple[str, int], int] = {}  # queue -> the last wave holding a part that touched it
+    floor = 0  # the first wave after the last part of unknown queues
+    for part in parts:
+        touched = queues.get(part[-1])
+        if touched is None:
+            wave = len(waves)
+            floor = wave + 1
+        else:
+            wave = max([floor, *(last_wave[queue] + 1 for queue in touched if queue in last_wave)])
+            last_wave.update(dict.fromkeys(touched, wave))
+        if wave == len(waves):
+            waves.append([])
+        waves[wave].append(part)
+    return waves
+
+
+def _commit_in_waves(commit: Callable[[_P], _R], parts: Sequence[_P],
+                     queues: Mapping[str, frozenset[tuple[str, int]]]) -> list[_R]:
+    """``[commit(part) for part in parts]``, the parts of each wave (``_waves``) side by side; a
+    failure ends the commit after its wave, so no queue gets a part before an earlier one of it."""
+    return [result for wave in _waves(parts, queues) for result in each_concurrently(commit, wave)]
 
 
 def _position_key(conn: Connection, query_id: str) -> tuple[str, str]:

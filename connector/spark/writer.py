@@ -73,8 +73,10 @@ RUN_ID_PROPERTY = "spark.jobGroup.id"  # a streaming query sets its job group to
 class SinkCommitMessage(WriterCommitMessage):
     """What a task reports: its transaction, as ``(broker group, transaction id)`` per group it
     staged rows on (one ``("", id)`` on a single broker; none without exactlyOnce or rows), its
-    row count, the run of the streaming query it belongs to (empty when unknown), and the queue
-    count of each topic it routed rows over."""
+    row count, the run of the streaming query it belongs to (empty when unknown), the queue
+    count of each topic it routed rows over, and the queues each part staged rows into (as
+    ``(transaction id, ((topic, queue id), ...))``: the commit runs parts with none in common
+    side by side)."""
 
     query_id: str
     batch_id: int
@@ -83,6 +85,7 @@ class SinkCommitMessage(WriterCommitMessage):
     rows: int
     run_id: str = ""
     queue_counts: tuple[tuple[str, int], ...] = ()
+    staged_queues: tuple[tuple[str, tuple[tuple[str, int], ...]], ...] = ()
 
 
 class _OrderlyMQWriterMixin:
@@ -132,7 +135,7 @@ class _OrderlyMQWriterMixin:
             sender.drop_abandoned()
             sender.hold_for_commit()
             return SinkCommitMessage(query_id, batch_id, partition, sender.parts(), sender.rows, run_id,
-                                     tuple(sorted(router.counts.items())))
+                                     tuple(sorted(router.counts.items())), sender.staged_queues())
         except BaseException as exc:
             sender.drop_all()
             if isinstance(exc, BrokerUnavailableError):
@@ -163,8 +166,9 @@ class _OrderlyMQWriterMixin:
             return
         conn = self.options.connect()
         runs = {m.run_id for m in done}
+        queues = {txn_id: frozenset(staged) for m in done for txn_id, staged in m.staged_queues}
         rows = commit_batch(conn, done[0].query_id, batch_id, txns, replayable=self.streaming, then=then,
-                            run_id=runs.pop() if len(runs) == 1 else "")
+                            run_id=runs.pop() if len(runs) == 1 else "", queues=queues)
         log.info("committed batch %d: %d row(s) from %d task(s)", batch_id, rows, len({p for p, _, _ in txns}))
 
     def _abort(self, messages: list[SinkCommitMessage | None], batch_id: int) -> None:
@@ -438,6 +442,9 @@ class _Sender:
     def parts(self) -> tuple[tuple[str, str], ...]:
         return ()  # nothing to commit: every send is visible already
 
+    def staged_queues(self) -> tuple[tuple[str, tuple[tuple[str, int], ...]], ...]:
+        return ()
+
     def drop_abandoned(self) -> None:
         pass
 
@@ -511,6 +518,10 @@ class _StagingSender(_Sender):
     def parts(self) -> tuple[tuple[str, str], ...]:
         return tuple((group, part.txn_id) for group, part in sorted(self._parts.items()) if part.staged)
 
+    def staged_queues(self) -> tuple[tuple[str, tuple[tuple[str, int], ...]], ...]:
+        return tuple((part.txn_id, tuple(sorted(part.queues))) for _, part in sorted(self._parts.items())
+                     if part.staged)
+
     def _send_chunk(self, topic: str, queue_id: int, payload: bytes) -> None:
         group = metadata.group_of(self.conn, (topic, queue_id))
         part = self._part(group)
@@ -562,6 +573,7 @@ class _Part:
         self.txn_id = txn_id
         self.kept: list[tuple[str, int, _Payload]] | None = [] if keep else None  # staged; None: not kept
         self.sent = 0  # sends staged in it: the number of the next one
+        self.queues: set[tuple[str, int]] = set()  # (topic, queue id) of every send staged in it
         self.numbered = True  # whether its broker stages a numbered send once (one older than that does not)
         self.timeout_ms = 0  # its idle timeout, as its broker tells (0: a broker that does not)
 
@@ -599,7 +611,7 @@ class _Part:
     def renew(self, txn_id: str) -> None:
         """Go on in a new transaction ``txn_id`` (begun once the group answers again), empty: only
         a part that keeps its payloads is renewed, to stage them again."""
-        self.txn_id, self.kept, self.sent = txn_id, [], 0
+        self.txn_id, self.kept, self.sent, self.queues = txn_id, [], 0, set()
         self.begin()
 
     @property
@@ -626,6 +638,7 @@ class _Part:
         else:
             _send_once(self.conn, topic, queue_id, parts)
         self.sent += 1
+        self.queues.add((topic, queue_id))
 
 
 def _send_idempotent(port_conn: BrokerConnection, conn: BrokerConnection | RoutedConnection, topic: str,

@@ -633,3 +633,62 @@ def test_routed_queues_carry_their_rows_in_order_and_their_size(broker, conn, to
         assert properties.null_count == table.num_rows and len(properties.keys) == 0
         stored_properties = codec.decode(codec.encode(table)).column("properties").combine_chunks()
         assert len(stored_properties.keys) == 0
+
+
+def test_commit_waves_put_each_part_after_the_earlier_parts_of_its_queues():
+    """A part comes after every earlier part it shares a queue with; one of unknown queues (planned
+    by an earlier attempt) after all earlier parts, and all later parts after it."""
+    from connector.spark.transactions import _waves
+
+    a, b, c = ("t", 0), ("t", 1), ("u", 0)
+    parts = [(0, "p0"), (1, "p1"), (2, "p2"), (3, "p3"), (4, "p4"), (5, "p5"), (6, "p6")]
+    queues = {"p0": frozenset({a}), "p1": frozenset({b}), "p2": frozenset({a, b}), "p3": frozenset({c}),
+              "p4": frozenset({a}), "p6": frozenset({c})}  # p5's are unknown
+    assert _waves(parts, queues) == [[(0, "p0"), (1, "p1"), (3, "p3")], [(2, "p2")], [(4, "p4")], [(5, "p5")],
+                                     [(6, "p6")]]
+    assert _waves(parts[:2], {}) == [[(0, "p0")], [(1, "p1")]]  # nothing known: one after the other
+    assert _waves([], queues) == []
+
+
+def test_parts_with_no_queue_in_common_are_committed_side_by_side_each_queue_in_partition_order(
+        broker, conn, topic_name):
+    """Partitions 0 and 1 staged into queues 0 and 1 alone: the broker has both commits under way
+    at once (each waits for the other before it appends). Partition 2 staged into both queues and
+    partition 3 into queue 0 again: each is committed after the earlier ones of its queues, so that
+    every key keeps its order across the partitions."""
+    from broker.wire.routing import queue_for_key
+
+    create_topic(conn, topic_name, 2)
+    keys = {}
+    for n in range(100):
+        keys.setdefault(queue_for_key(f"k{n}", 2), f"k{n}")
+    first, second = keys[0], keys[1]
+    events = {0: [(first, s) for s in range(3)], 1: [(second, s) for s in range(3)],
+              2: [(first, 3), (second, 3), (first, 4), (second, 4)], 3: [(first, s) for s in range(5, 8)]}
+    writer = _writer(broker, topic_name)
+    messages = [_attempt(writer, partition, rows) for partition, rows in events.items()]
+    partition_of = {txn_id: m.partition_id for m in messages for _, txn_id in m.parts}
+    both_under_way = threading.Barrier(2, timeout=30)
+    seen, lock = [], threading.Lock()
+    apply_commit = broker.service._apply_commit
+
+    def observed(txn_id):
+        with lock:
+            seen.append(("start", partition_of[txn_id]))
+        if partition_of[txn_id] in (0, 1):
+            both_under_way.wait()  # broken (and the commit failed) if the other is not under way too
+        try:
+            return apply_commit(txn_id)
+        finally:
+            with lock:
+                seen.append(("end", partition_of[txn_id]))
+
+    broker.service._apply_commit = observed
+    try:
+        writer.commit(messages, 0)
+    finally:
+        del broker.service._apply_commit
+    assert not both_under_way.broken
+    assert seen.index(("start", 2)) > max(seen.index(("end", 0)), seen.index(("end", 1)))
+    assert seen.index(("start", 3)) > seen.index(("end", 2))
+    check_routed_in_order(conn, topic_name, 2, [event for rows in events.values() for event in rows])
