@@ -78,7 +78,7 @@ __all__ = ["SINK_LOG_TOPIC", "abort_all", "abort_batch", "commit_batch", "task_t
 
 log = logging.getLogger(__name__)
 
-_P = TypeVar("_P", bound=tuple)
+_P = TypeVar("_P")
 _R = TypeVar("_R")
 
 SINK_LOG_TOPIC = "__orderlymq_spark_sink"
@@ -167,7 +167,7 @@ def commit_batch(
     replayable: bool,
     then: Callable[[], object] | None = None,
     run_id: str = "",
-    queues: Mapping[str, frozenset[tuple[str, int]]] | None = None,
+    queues: Mapping[tuple[str, str], frozenset[tuple[str, int]]] | None = None,
 ) -> int:
     """Commit the batch ``batch_id`` of ``query_id`` once; the number of rows made visible now.
 
@@ -175,14 +175,16 @@ def commit_batch(
     (a streaming query) a plan recorded by an earlier attempt of the batch wins, as explained above,
     and ``then`` is called once the batch is visible, while its plan's position is recorded.
     ``run_id``: the query's run the batch belongs to, empty when unknown (then a lookup is always made).
-    ``queues``: the ``(topic, queue id)`` each transaction staged rows into, where known (``_waves``).
+    ``queues``: the ``(topic, queue id)`` each ``(broker group, transaction id)`` staged rows into,
+    where known (``_waves``).
     """
     txns = sorted(txns)
     queues = queues or {}
     if isinstance(conn, RoutedConnection) and any(group for _, group, _ in txns):
         conn.groups()  # learn every group: a plan may name groups no route read by this process holds
     if not replayable:
-        return sum(_commit_in_waves(lambda part: _commit(conn, part[1], part[2]), txns, queues))
+        return sum(_commit_in_waves(lambda part: _commit(conn, part[1], part[2]), txns,
+                                    lambda part: queues.get((part[1], part[2]))))
     try:
         found = None if _later_in_run(conn, query_id, batch_id, run_id) else _find_plan(conn, query_id, batch_id)
     except TopicNotFoundError:  # the first batch ever committed through this broker: no plan anywhere
@@ -205,7 +207,7 @@ def commit_batch(
             partition, txn_id = part
             return group, *_commit_part(conn, query_id, batch_id, group, partition, txn_id, mine.get((partition, group)))
 
-        return _commit_in_waves(commit_part, per_group[group], queues)
+        return _commit_in_waves(commit_part, per_group[group], lambda part: queues.get((group, part[1])))
 
     done = [part for parts in each_concurrently(commit_group, list(per_group)) for part in parts]
     committed = sum(rows for _, rows, _ in done)
@@ -254,12 +256,11 @@ def _commit_part(conn: Connection, query_id: str, batch_id: int, group: str, par
     return _commit(conn, group, substitute), substitute
 
 
-def _waves(parts: Sequence[_P], queues: Mapping[str, frozenset[tuple[str, int]]]) -> list[list[_P]]:
-    """``parts`` (in partition order, their transaction id last) as waves to commit one after the
-    other, the parts of a wave side by side: each part comes in a wave after every earlier part
-    it shares a queue with, so that every queue still gets the parts in partition order. A part
-    whose queues are unknown (``queues`` does not name its transaction: one planned by an earlier
-    attempt) is taken to share every queue.
+def _waves(parts: Sequence[_P], queues_of: Callable[[_P], frozenset[tuple[str, int]] | None]) -> list[list[_P]]:
+    """``parts`` (in partition order) as waves to commit one after the other, the parts of a wave
+    side by side: each part comes in a wave after every earlier part it shares a queue with, so
+    that every queue still gets the parts in partition order. A part whose queues are unknown
+    (``queues_of`` gives None: one planned by an earlier attempt) is taken to share every queue.
 
     In a pipeline that keeps its keys' queues (each task reads one queue and writes to the queue
     of the same number), no two parts share a queue: the whole batch is one wave."""
@@ -267,7 +268,7 @@ def _waves(parts: Sequence[_P], queues: Mapping[str, frozenset[tuple[str, int]]]
     last_wave: dict[tuple[str, int], int] = {}  # queue -> the last wave holding a part that touched it
     floor = 0  # the first wave after the last part of unknown queues
     for part in parts:
-        touched = queues.get(part[-1])
+        touched = queues_of(part)
         if touched is None:
             wave = len(waves)
             floor = wave + 1
@@ -281,10 +282,10 @@ def _waves(parts: Sequence[_P], queues: Mapping[str, frozenset[tuple[str, int]]]
 
 
 def _commit_in_waves(commit: Callable[[_P], _R], parts: Sequence[_P],
-                     queues: Mapping[str, frozenset[tuple[str, int]]]) -> list[_R]:
+                     queues_of: Callable[[_P], frozenset[tuple[str, int]] | None]) -> list[_R]:
     """``[commit(part) for part in parts]``, the parts of each wave (``_waves``) side by side; a
     failure ends the commit after its wave, so no queue gets a part before an earlier one of it."""
-    return [result for wave in _waves(parts, queues) for result in each_concurrently(commit, wave)]
+    return [result for wave in _waves(parts, queues_of) for result in each_concurrently(commit, wave)]
 
 
 def _position_key(conn: Connection, query_id: str) -> tuple[str, str]:

@@ -75,8 +75,8 @@ class SinkCommitMessage(WriterCommitMessage):
     staged rows on (one ``("", id)`` on a single broker; none without exactlyOnce or rows), its
     row count, the run of the streaming query it belongs to (empty when unknown), the queue
     count of each topic it routed rows over, and the queues each part staged rows into (as
-    ``(transaction id, ((topic, queue id), ...))``: the commit runs parts with none in common
-    side by side)."""
+    ``(broker group, transaction id, ((topic, queue id), ...))``: the commit runs parts with none
+    in common side by side)."""
 
     query_id: str
     batch_id: int
@@ -85,7 +85,7 @@ class SinkCommitMessage(WriterCommitMessage):
     rows: int
     run_id: str = ""
     queue_counts: tuple[tuple[str, int], ...] = ()
-    staged_queues: tuple[tuple[str, tuple[tuple[str, int], ...]], ...] = ()
+    staged_queues: tuple[tuple[str, str, tuple[tuple[str, int], ...]], ...] = ()
 
 
 class _OrderlyMQWriterMixin:
@@ -166,9 +166,8 @@ class _OrderlyMQWriterMixin:
             return
         conn = self.options.connect()
         runs = {m.run_id for m in done}
-        queues = {txn_id: frozenset(staged) for m in done for txn_id, staged in m.staged_queues}
         rows = commit_batch(conn, done[0].query_id, batch_id, txns, replayable=self.streaming, then=then,
-                            run_id=runs.pop() if len(runs) == 1 else "", queues=queues)
+                            run_id=runs.pop() if len(runs) == 1 else "", queues=staged_queues(done))
         log.info("committed batch %d: %d row(s) from %d task(s)", batch_id, rows, len({p for p, _, _ in txns}))
 
     def _abort(self, messages: list[SinkCommitMessage | None], batch_id: int) -> None:
@@ -228,6 +227,12 @@ class OrderlyMQStreamWriter(_OrderlyMQWriterMixin, DataSourceStreamArrowWriter):
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         self._abort(messages, batchId)
+
+
+def staged_queues(messages: list[SinkCommitMessage]) -> dict[tuple[str, str], frozenset[tuple[str, int]]]:
+    """``{(broker group, transaction id): its (topic, queue id)}`` of the tasks' parts: a task's parts
+    on several groups share its transaction id."""
+    return {(group, txn_id): frozenset(queues) for m in messages for group, txn_id, queues in m.staged_queues}
 
 
 @functools.lru_cache(maxsize=64)
@@ -442,7 +447,7 @@ class _Sender:
     def parts(self) -> tuple[tuple[str, str], ...]:
         return ()  # nothing to commit: every send is visible already
 
-    def staged_queues(self) -> tuple[tuple[str, tuple[tuple[str, int], ...]], ...]:
+    def staged_queues(self) -> tuple[tuple[str, str, tuple[tuple[str, int], ...]], ...]:
         return ()
 
     def drop_abandoned(self) -> None:
@@ -518,8 +523,8 @@ class _StagingSender(_Sender):
     def parts(self) -> tuple[tuple[str, str], ...]:
         return tuple((group, part.txn_id) for group, part in sorted(self._parts.items()) if part.staged)
 
-    def staged_queues(self) -> tuple[tuple[str, tuple[tuple[str, int], ...]], ...]:
-        return tuple((part.txn_id, tuple(sorted(part.queues))) for _, part in sorted(self._parts.items())
+    def staged_queues(self) -> tuple[tuple[str, str, tuple[tuple[str, int], ...]], ...]:
+        return tuple((group, part.txn_id, tuple(sorted(part.queues))) for group, part in sorted(self._parts.items())
                      if part.staged)
 
     def _send_chunk(self, topic: str, queue_id: int, payload: bytes) -> None:

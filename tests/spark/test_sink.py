@@ -644,10 +644,19 @@ def test_commit_waves_put_each_part_after_the_earlier_parts_of_its_queues():
     parts = [(0, "p0"), (1, "p1"), (2, "p2"), (3, "p3"), (4, "p4"), (5, "p5"), (6, "p6")]
     queues = {"p0": frozenset({a}), "p1": frozenset({b}), "p2": frozenset({a, b}), "p3": frozenset({c}),
               "p4": frozenset({a}), "p6": frozenset({c})}  # p5's are unknown
-    assert _waves(parts, queues) == [[(0, "p0"), (1, "p1"), (3, "p3")], [(2, "p2")], [(4, "p4")], [(5, "p5")],
-                                     [(6, "p6")]]
-    assert _waves(parts[:2], {}) == [[(0, "p0")], [(1, "p1")]]  # nothing known: one after the other
-    assert _waves([], queues) == []
+    assert _waves(parts, lambda part: queues.get(part[1])) == [[(0, "p0"), (1, "p1"), (3, "p3")], [(2, "p2")],
+                                                               [(4, "p4")], [(5, "p5")], [(6, "p6")]]
+    assert _waves(parts[:2], lambda part: None) == [[(0, "p0")], [(1, "p1")]]  # nothing known: one after the other
+    assert _waves([], lambda part: None) == []
+
+
+def test_the_queues_of_a_tasks_parts_are_told_apart_by_broker_group():
+    """In a cluster a task's parts on several groups share its transaction id: each keeps its own queues."""
+    from connector.spark.writer import SinkCommitMessage, staged_queues
+
+    message = SinkCommitMessage("q", 0, 0, (("a", "x"), ("b", "x")), 4,
+                                staged_queues=(("a", "x", (("t", 0),)), ("b", "x", (("t", 1), ("t", 2)))))
+    assert staged_queues([message]) == {("a", "x"): frozenset({("t", 0)}), ("b", "x"): frozenset({("t", 1), ("t", 2)})}
 
 
 def test_parts_with_no_queue_in_common_are_committed_side_by_side_each_queue_in_partition_order(
