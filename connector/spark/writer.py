@@ -319,11 +319,17 @@ class _Router:
                 topic_index[rows] = i
             queues[slice(None) if rows is None else rows] = self._queues(batch, rows, count, topic)
         group = topic_index * (max(self.counts.values()) + 1) + queues
+        messages = batch.select(message_columns(cols))
+        if n and group.min() == group.max():
+            # One queue, as in a pipeline that keeps its keys' queues: the rows as they came, ungathered.
+            table = message_table(messages, cols, codec.now_ms())
+            yield topics[topic_index[0]], int(queues[0]), table, table.nbytes
+            return
         if group.max(initial=0) < 2**15:  # a stable sort of 16-bit values is a radix sort: 4x faster
             group = group.astype(np.int16)
         order = np.argsort(group, kind="stable")
         # Only the columns a message is made of are gathered; the rest of it is made at its size.
-        ordered = message_table(batch.select(message_columns(cols)).take(pa.array(order)), cols, codec.now_ms())
+        ordered = message_table(messages.take(pa.array(order)), cols, codec.now_ms())
         sorted_groups = group[order]
         cuts = np.flatnonzero(np.diff(sorted_groups)) + 1
         starts = np.concatenate(([0], cuts))

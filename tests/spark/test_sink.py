@@ -701,3 +701,28 @@ def test_parts_with_no_queue_in_common_are_committed_side_by_side_each_queue_in_
     assert seen.index(("start", 2)) > max(seen.index(("end", 0)), seen.index(("end", 1)))
     assert seen.index(("start", 3)) > seen.index(("end", 2))
     check_routed_in_order(conn, topic_name, 2, [event for rows in events.values() for event in rows])
+
+
+def test_rows_all_of_one_queue_are_sent_as_they_came(broker, conn, topic_name):
+    """Input whose keys all route to one queue (a pipeline that keeps its keys' queues) is not
+    gathered: its one group carries the input's own buffers, every row in input order, sized as
+    the others are; written and committed, each key keeps its order."""
+    from broker.wire.routing import queue_for_key
+    from connector.spark.writer import _Router
+
+    create_topic(conn, topic_name, 4)
+    keys = [f"k{n}" for n in range(200) if queue_for_key(f"k{n}", 4) == 2][:7]
+    events = [(key, seq) for seq in range(30) for key in keys]
+    batches = [_batch(events[start:start + 50], pad=50) for start in range(0, len(events), 50)]
+    writer = _writer(broker, topic_name)
+    router = _Router(conn, writer.options, writer.columns, writer.queue_counts)
+    [(_topic, queue, table, size)] = list(router.route(pa.Table.from_batches(batches)))
+    assert queue == 2
+    bodies = table.column("body")
+    assert [chunk.buffers()[2].address for chunk in bodies.chunks] == [b.column(1).buffers()[2].address for b in batches]
+    assert [(k, json.loads(b)["seq"]) for k, b in zip(table.column("key").to_pylist(), bodies.to_pylist(),
+                                                      strict=True)] == events
+    exact = sum(len(k.encode()) + len(b) for k, b in zip(table.column("key").to_pylist(), bodies.to_pylist(), strict=True))
+    assert exact < size <= exact + 40 * table.num_rows
+    writer.commit([writer.write(iter(batches))], 0)
+    check_routed_in_order(conn, topic_name, 4, events)
