@@ -167,7 +167,7 @@ class _OrderlyMQWriterMixin:
         conn = self.options.connect()
         runs = {m.run_id for m in done}
         rows = commit_batch(conn, done[0].query_id, batch_id, txns, replayable=self.streaming, then=then,
-                            run_id=runs.pop() if len(runs) == 1 else "", queues=staged_queues(done))
+                            run_id=runs.pop() if len(runs) == 1 else "", queues=queues_of_parts(done))
         log.info("committed batch %d: %d row(s) from %d task(s)", batch_id, rows, len({p for p, _, _ in txns}))
 
     def _abort(self, messages: list[SinkCommitMessage | None], batch_id: int) -> None:
@@ -229,7 +229,7 @@ class OrderlyMQStreamWriter(_OrderlyMQWriterMixin, DataSourceStreamArrowWriter):
         self._abort(messages, batchId)
 
 
-def staged_queues(messages: list[SinkCommitMessage]) -> dict[tuple[str, str], frozenset[tuple[str, int]]]:
+def queues_of_parts(messages: list[SinkCommitMessage]) -> dict[tuple[str, str], frozenset[tuple[str, int]]]:
     """``{(broker group, transaction id): its (topic, queue id)}`` of the tasks' parts: a task's parts
     on several groups share its transaction id."""
     return {(group, txn_id): frozenset(queues) for m in messages for group, txn_id, queues in m.staged_queues}

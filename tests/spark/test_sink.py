@@ -652,11 +652,11 @@ def test_commit_waves_put_each_part_after_the_earlier_parts_of_its_queues():
 
 def test_the_queues_of_a_tasks_parts_are_told_apart_by_broker_group():
     """In a cluster a task's parts on several groups share its transaction id: each keeps its own queues."""
-    from connector.spark.writer import SinkCommitMessage, staged_queues
+    from connector.spark.writer import SinkCommitMessage, queues_of_parts
 
     message = SinkCommitMessage("q", 0, 0, (("a", "x"), ("b", "x")), 4,
                                 staged_queues=(("a", "x", (("t", 0),)), ("b", "x", (("t", 1), ("t", 2)))))
-    assert staged_queues([message]) == {("a", "x"): frozenset({("t", 0)}), ("b", "x"): frozenset({("t", 1), ("t", 2)})}
+    assert queues_of_parts([message]) == {("a", "x"): frozenset({("t", 0)}), ("b", "x"): frozenset({("t", 1), ("t", 2)})}
 
 
 def test_parts_with_no_queue_in_common_are_committed_side_by_side_each_queue_in_partition_order(
