@@ -283,8 +283,9 @@ def _waves(parts: Sequence[_P], queues_of: Callable[[_P], frozenset[tuple[str, i
 
 def _commit_in_waves(commit: Callable[[_P], _R], parts: Sequence[_P],
                      queues_of: Callable[[_P], frozenset[tuple[str, int]] | None]) -> list[_R]:
-    """``[commit(part) for part in parts]``, the parts of each wave (``_waves``) side by side; a
-    failure ends the commit after its wave, so no queue gets a part before an earlier one of it."""
+    """``commit(part)`` of every part, wave by wave (``_waves``), the parts of a wave side by side;
+    their results in that order. A failure ends the commit after its wave, so no queue gets a
+    part before an earlier one of it."""
     return [result for wave in _waves(parts, queues_of) for result in each_concurrently(commit, wave)]
 
 
