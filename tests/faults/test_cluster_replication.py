@@ -299,4 +299,7 @@ def test_a_group_of_one_answers_synchronous_sends_at_once_and_its_loop_polls(bro
     after a send answered at once), and two threads' keys are stored complete, once each, in order."""
     settings = CLUSTER_BROKER | dict(zookeeper=zookeeper.connect_string, broker_name="group-a", broker_id=0,
                                      min_sync_replicas=1, busy_poll_us=100_000)
-    polled_between_synchronous_sends(broker_factory(**settings), topic_name)
+    running = broker_factory(**settings)
+    with BrokerConnection(running.address) as conn:  # serving comes before the election: wait for it
+        assert wait_until(lambda: conn.call("Health", pb.HealthRequest()).role == "MASTER", timeout=60)
+    polled_between_synchronous_sends(running, topic_name)
