@@ -13,8 +13,8 @@ from broker.proto import orderlymq_pb2 as pb
 from broker.wire.frames import WrongVersionError, check_hello, open_lean, read_exactly
 from connector.client.connection import BrokerConnection
 
-__all__ = ["WrongVersionError", "check_hello", "lean_port_of", "limit_waits", "open_lean", "read_exactly",
-           "write_parts"]
+__all__ = ["WrongVersionError", "check_hello", "lean_port_of", "limit_receives", "limit_waits", "open_lean",
+           "read_exactly", "write_parts"]
 
 _HEALTH_TIMEOUT_S = 2.0
 _IOV_MAX = os.sysconf("SC_IOV_MAX")  # the parts one sendmsg takes
@@ -38,11 +38,19 @@ def limit_waits(sock: socket.socket, timeout: float) -> None:
     seconds (``SO_SNDTIMEO``, ``SO_RCVTIMEO``; it then raises ``BlockingIOError``). A socket with
     Python's own timeout polls before each of them: two more system calls per round trip, each a
     hand-over of the GIL, which threads sending side by side wait for."""
-    seconds = int(timeout)
-    wait = _TIMEVAL.pack(seconds, max(int((timeout - seconds) * 1e6), 0 if seconds else 1))  # 0: no limit
     sock.settimeout(None)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, wait)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, wait)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(timeout))
+    limit_receives(sock, timeout)
+
+
+def limit_receives(sock: socket.socket, timeout: float) -> None:
+    """``limit_waits`` for receives alone: a long poll's answer may come its wait later."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(timeout))
+
+
+def _timeval(timeout: float) -> bytes:
+    seconds = int(timeout)
+    return _TIMEVAL.pack(seconds, max(int((timeout - seconds) * 1e6), 0 if seconds else 1))  # 0: no limit
 
 
 def write_parts(sock: socket.socket, parts: Sequence) -> None:

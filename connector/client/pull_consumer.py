@@ -137,7 +137,7 @@ class PullConsumer:
         )
         if epoch is not None:
             request.group, request.client_id, request.epoch = self.group or "", self.client_id, epoch
-        response = self._pull_on_link(request) if not wait_ms else None
+        response = self._pull_on_link(request)
         if response is None:
             timeout = self.connection.timeout + wait_ms / 1000
             response = self.connection.call("Pull", request, timeout=timeout)
@@ -165,7 +165,7 @@ class PullConsumer:
             return None
         try:
             link.issue(request)
-            response = link.receive()
+            response = link.receive(request.wait_ms / 1000)
         except (PullPortFailure, NotMasterError) as exc:
             log.info("pulling over the lean port of %s failed (%s); pulling over gRPC", broker.address, exc)
             self._links.discard(broker, link)

@@ -20,7 +20,7 @@ from broker.wire.errors import InternalBrokerError
 from broker.wire.frames import LENGTH, PULLS
 from broker.wire.pull_response import PullReply, decode_pull_response
 from connector.client.connection import BrokerConnection
-from connector.client.lean_port import check_hello, lean_port_of, limit_waits, open_lean, read_exactly
+from connector.client.lean_port import check_hello, lean_port_of, limit_receives, limit_waits, open_lean, read_exactly
 
 __all__ = ["PullLink", "PullLinkPool", "PullPortFailure", "open_pull_link"]
 
@@ -63,25 +63,32 @@ class PullLink:
         except OSError as exc:
             raise PullPortFailure(f"writing a pull failed: {exc}") from None
 
-    def receive(self) -> PullReply:
-        """The answer to the oldest pull issued; the error it names raised as an ``OrderlyMQError``."""
+    def receive(self, wait_s: float = 0.0) -> PullReply:
+        """The answer to the oldest pull issued; the error it names raised as an ``OrderlyMQError``.
+        ``wait_s``: how long that pull may long-poll (its ``wait_ms``), waited for beyond the timeout."""
+        wait_s = max(wait_s, 0.0)  # a negative wait is the broker's to refuse
+        if wait_s:
+            limit_receives(self._sock, self._timeout + wait_s)
         try:
-            reply = decode_pull_response(self._frame())
+            reply = decode_pull_response(self._frame(self._timeout + wait_s))
         except InternalBrokerError as exc:
             raise PullPortFailure(f"reading a pull's answer failed: {exc}") from None
+        finally:
+            if wait_s:
+                limit_receives(self._sock, self._timeout)
         reply.raise_error()
         return reply
 
     def skip(self) -> None:
         """Read past the answer to the oldest pull issued, which is no longer wanted."""
-        self._frame()
+        self._frame(self._timeout)
 
-    def _frame(self) -> bytearray:
+    def _frame(self, timeout: float) -> bytearray:
         try:
             (size,) = LENGTH.unpack(read_exactly(self._sock, LENGTH.size))
             return read_exactly(self._sock, size)
         except BlockingIOError:  # the kernel's timeout (limit_waits)
-            raise PullPortFailure(f"the broker did not answer a pull within {self._timeout:.3g} s") from None
+            raise PullPortFailure(f"the broker did not answer a pull within {timeout:.3g} s") from None
         except OSError as exc:
             raise PullPortFailure(f"reading a pull's answer failed: {exc}") from None
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -17,6 +18,7 @@ from connector.errors import (
     TopicExistsError,
     TopicNotFoundError,
 )
+from connector.history import History
 from tests.support import served_calls
 
 from .helpers import send_keyed
@@ -86,7 +88,41 @@ def test_pull_with_tag_filter_and_long_poll(broker, admin, producer, topic_name)
         assert result.next_offset == 5
         empty = consumer.pull(topic_name, 0, 5, 10, wait_ms=50)
         assert (len(empty), empty.next_offset) == (0, 5)
-        assert served_calls(broker, "Pull") == 1, "a long poll goes over gRPC"
+        assert (served_calls(broker, "PullPort"), served_calls(broker, "Pull")) == (2, 0)
+
+
+def test_a_long_poll_on_the_lean_port_waits_past_the_clients_timeout_and_keeps_each_keys_order(
+        broker, admin, producer, topic_name):
+    """Long polls of the tail, each longer than the consumer's timeout, while a producer sends
+    keyed messages in bursts with pauses in between: each poll is answered over the lean port when
+    a message comes (never over gRPC after the link timed out), every key complete and in order."""
+    admin.create_topic(topic_name, 1)
+    keys, bursts = ["a", "b", "c"], 4
+    history = History()
+
+    def send_bursts():
+        for _ in range(bursts):
+            time.sleep(0.8)  # past the consumer's timeout: only a wait as long as the poll's keeps the link
+            for key, next_seq in send_keyed(producer, topic_name, keys, 5, start=sent).items():
+                for seq in range(sent.get(key, 0), next_seq):
+                    history.sent(key, seq, acked=True)
+                sent[key] = next_seq
+
+    sent: dict[str, int] = {}
+    sender = threading.Thread(target=send_bursts)
+    with PullConsumer(broker.address, timeout=0.5) as consumer:
+        sender.start()
+        offset, started = 0, time.monotonic()
+        while offset < bursts * 5 * len(keys) and time.monotonic() - started < 30:
+            result = consumer.pull(topic_name, 0, offset, 100, wait_ms=2000)
+            for message in result:
+                history.delivered(message.key, int(message.body), queue_id=0, offset=message.queue_offset)
+            offset = result.next_offset
+        sender.join()
+        assert served_calls(broker, "Pull") == 0, "a long poll fell back to gRPC"
+        assert served_calls(broker, "PullPort") >= bursts
+    verdict = history.check()
+    assert verdict.ok and history.delivered_all_acked(), verdict
 
 
 def test_assign_poll_seek_and_commit(broker, admin, producer, topic_name):
