@@ -379,35 +379,51 @@ def _merged(topic_dir: Path) -> bool:
     return True
 
 
-def long_poll_latency(workdir: Path, samples: int) -> tuple[float, float]:
-    """Send -> receipt latency of a consumer long-polling the tail: (p50 ms, p99 ms)."""
-    with BrokerProcess(workdir / "latency", "--log-level", "WARNING") as broker:
+def long_poll_latency(workdir: Path, samples: int, clients: bool = False) -> tuple[float, float]:
+    """Send -> receipt latency of a consumer long-polling the tail: (p50 ms, p99 ms). ``clients``:
+    ``Producer.send`` and ``PullConsumer.pull(wait_ms=...)`` (the lean port), else bare gRPC calls.
+    Checks that the messages came in the order sent."""
+    from connector.client import Producer, PullConsumer
+
+    with BrokerProcess(workdir / f"latency-{clients}", "--log-level", "WARNING") as broker, \
+            Producer(broker.address) as producer, PullConsumer(broker.address) as pull_consumer:
         conn = BrokerConnection(broker.address)
         conn.call("CreateTopic", pb.CreateTopicRequest(topic="lat", queue_count=1))
         latencies: list[float] = []
-        sent_at: dict[int, float] = {}
-        done = threading.Event()
+        sent_at: list[float] = []
+        received: list[int] = []
+
+        def pull(offset: int) -> tuple[list[bytes], int]:
+            if clients:
+                result = pull_consumer.pull("lat", 0, offset, 32, wait_ms=2000)
+                return [m.body for m in result], result.next_offset
+            resp = conn.call("Pull", pb.PullRequest(topic="lat", queue_id=0, offset=offset, wait_ms=2000))
+            return codec.decode_many(resp.batches).column("body").to_pylist(), resp.next_offset
 
         def consume():
             offset = 0
             while offset < samples:
-                resp = conn.call("Pull", pb.PullRequest(topic="lat", queue_id=0, offset=offset, wait_ms=2000))
+                bodies, offset = pull(offset)
                 now = time.perf_counter()
-                for i in range(resp.count):
-                    latencies.append((now - sent_at[offset + i]) * 1000)
-                offset = resp.next_offset
-            done.set()
+                for body in bodies:
+                    received.append(int(body))
+                    latencies.append((now - sent_at[int(body)]) * 1000)
 
         consumer = threading.Thread(target=consume)
         consumer.start()
-        payload = make_batch(1)
         for i in range(samples):
-            sent_at[i] = time.perf_counter()
-            conn.call("Send", pb.SendRequest(topic="lat", queue_id=0, batch=payload))
+            body = str(i).zfill(BODY_BYTES)
+            batch = codec.encode(codec.messages_to_batch([{"body": body}]))  # made before the clock starts
+            sent_at.append(time.perf_counter())
+            if clients:
+                producer.send("lat", body, queue_id=0)
+            else:
+                conn.call("Send", pb.SendRequest(topic="lat", queue_id=0, batch=batch))
             time.sleep(0.005)
-        done.wait(30)
-        consumer.join(timeout=5)
+        consumer.join(timeout=30)
         conn.close()
+    if received != list(range(samples)):
+        raise AssertionError(f"long-poll delivery: {len(received)} of {samples} messages came, or out of order")
     return percentile(latencies, 50), percentile(latencies, 99)
 
 
@@ -743,9 +759,11 @@ def run(workdir: Path, quick: bool) -> list[Row]:
     rows.append(Row("pull backlog of one-message records, merged by compaction (4 MiB segments)", small["merged"],
                     "msg/s", small["as_written"], "the same backlog as written", BODY_BYTES, 8, ">= 1,000,000 msg/s",
                     {"merge_s": small["merge_s"], "segments": small["segments"]}))
-    p50, p99 = long_poll_latency(workdir, 100 if quick else 500)
-    rows.append(Row("long-poll delivery latency p50", p50, "ms", message_bytes=BODY_BYTES, queues=1))
-    rows.append(Row("long-poll delivery latency p99", p99, "ms", message_bytes=BODY_BYTES, queues=1))
+    for clients, how in ((False, "bare gRPC Send -> Pull(wait_ms)"), (True, "Producer.send -> PullConsumer.pull(wait_ms)")):
+        p50, p99 = long_poll_latency(workdir, 100 if quick else 500, clients)
+        for name, ms in (("p50", p50), ("p99", p99)):
+            rows.append(Row(f"long-poll delivery latency {name}, {how}, order verified", ms, "ms",
+                            message_bytes=BODY_BYTES, queues=1))
     for orderly in (True, False):
         p50, p99 = trickle_delivery(workdir, 20 if quick else 100, 0.3, orderly)
         kind = "OrderlyConsumer" if orderly else "ConcurrentConsumer"
