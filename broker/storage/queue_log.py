@@ -573,7 +573,7 @@ class QueueLog:
                     f"{self.directory.name} were cut by recovery after disk damage; pull from offset "
                     f"{seg.base_offset} to skip them", seg.base_offset)
             try:
-                for header, body in seg.records_from(position):
+                for header, body in seg.records_from(position, stop=offset + max_messages):
                     if header.base_offset >= end:
                         break
                     take = min(min(header.next_offset, end) - position, max_messages - count)

@@ -29,6 +29,7 @@ from broker.persist import fsync_dir
 from broker.storage.open_files import OpenFiles
 from broker.storage.page_cache import PageCacheWindow, cached_bytes, drop_from_cache
 from broker.storage.record import HEADER, RecordHeader, parse_header, verify
+from broker.storage.record_cache import RECENT_RECORDS
 from broker.wire import codec
 from broker.wire.errors import DamagedRecordError
 
@@ -295,6 +296,7 @@ class Segment:
                 self._fd = None
         if self._open_files is not None:
             self._open_files.forget(self)
+        RECENT_RECORDS.forget(self)
         if fd is not None:
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -339,6 +341,7 @@ class Segment:
     def recover(self, verify_crc: bool = True) -> CutReport | None:
         """Scan records from the start, rebuild the index and cut everything from the first torn,
         corrupt or non-contiguous record on. Returns what was cut, if anything."""
+        RECENT_RECORDS.forget(self)  # what it cuts may be written again, differently
         self._index = array("q")
         self._bytes_since_index = self.index_interval_bytes
         self.size, self.next_offset = 0, self.base_offset
@@ -375,12 +378,14 @@ class Segment:
 
     # -- reading -------------------------------------------------------------------------------
 
-    def records_from(self, offset: int):
+    def records_from(self, offset: int, stop: int | None = None):
         """Yield ``(header, body)`` for the records from the one holding ``offset``; raises
         ``DamagedRecordError`` on reaching a bad header or a body that fails its checksum.
 
         Reads the file in chunks of at least ``_READ_AHEAD`` bytes, so small records do not cost
-        two system calls each; a body larger than that is read on its own.
+        two system calls each; a body larger than that is read on its own. ``stop``: the offset
+        the caller reads up to at most. A record holding it is read only in part, and the caller's
+        next read starts inside it: it goes into ``RECENT_RECORDS``, where every read looks first.
         """
         count = len(self._index) // 3
         i = self._floor_entry(offset)
@@ -390,8 +395,17 @@ class Segment:
         chunk, chunk_start = b"", position
         if position >= end:
             return  # nothing to read: a segment no append created a file for has none to open
+        cached_here = RECENT_RECORDS.holds(self)  # else no lookup per record: a scan of small ones is long
         with self._opened() as fd:
             while position < end:
+                cached = RECENT_RECORDS.get(self, position) if cached_here else None
+                if cached is not None:
+                    header, body = cached
+                    if header.next_offset > offset:
+                        yield header, body
+                    expected = header.next_offset
+                    position += header.size
+                    continue
                 if position + HEADER.size > chunk_start + len(chunk):
                     chunk, chunk_start = os.pread(fd, min(_READ_AHEAD, end - position), position), position
                 at = position - chunk_start
@@ -416,6 +430,8 @@ class Segment:
                             "skip them",
                             header.next_offset,
                         )
+                    if stop is not None and header.base_offset < stop < header.next_offset:
+                        RECENT_RECORDS.put(self, position, header, body)
                     yield header, body
                 expected = header.next_offset
                 position += header.size

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from connector.client import Admin, PullConsumer
+from connector.client import Admin, Producer, PullConsumer
 from connector.errors import (
     FencedError,
     InvalidOptionError,
@@ -178,3 +178,28 @@ def test_lock_fences_a_previous_holder(broker_factory, topic_name):
         taken = second.epoch(topic_name, 0)
         second.unlock(topic_name, 0)
         assert first.lock(topic_name, 0) > taken
+
+
+def test_a_consumer_polling_a_big_batch_a_few_at_a_time_gets_every_key_in_order(broker, admin, topic_name):
+    """``Producer.send_batch`` stores records of thousands of messages; a ``PullConsumer`` polls
+    them 32 at a time (mostly from memory): checked strictly, key by key."""
+    admin.create_topic(topic_name, 2)
+    history, sent = History(), {}
+    rows = []
+    for i in range(30_000):
+        key = f"key-{i % 11}"
+        rows.append({"key": key, "body": str(sent.get(key, 0))})
+        sent[key] = sent.get(key, 0) + 1
+    with Producer(broker.address) as producer:
+        producer.send_batch(topic_name, rows)
+    for key, count in sent.items():
+        for seq in range(count):
+            history.sent(key, seq, acked=True)
+    with PullConsumer(broker.address, group="g") as consumer:
+        consumer.assign(topic_name)
+        while batch := consumer.poll(32):
+            for message in batch:
+                history.delivered(message.key, int(message.body), queue_id=message.queue_id,
+                                  offset=message.queue_offset)
+    verdict = history.check()
+    assert verdict.ok and history.delivered_all_acked(), verdict
