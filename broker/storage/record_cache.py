@@ -13,15 +13,17 @@ keeps none.
 Entries are keyed by segment and position in its file. Records are only appended, so what a
 position holds changes only when the segment is cut back (recovery, a lost write, a replica
 dropping a tail) or replaced (compaction, retention): the segment then forgets its entries
-(``forget``). Bodies smaller than ``SMALLEST_BYTES`` are not kept: a read of the file takes many
-of them at once.
+(``forget``). A read that began before the cut may still be under way with the old record: its
+``put`` passes ``valid``, which the segment makes false at the cut, before it forgets, so the
+record is either refused or forgotten. Bodies smaller than ``SMALLEST_BYTES`` are not kept: a read
+of the file takes many of them at once.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 
 from broker.storage.record import RecordHeader
 
@@ -57,14 +59,16 @@ class RecordCache:
                 self._entries.move_to_end((segment, position))
             return entry
 
-    def put(self, segment: Hashable, position: int, header: RecordHeader, body: bytes) -> None:
-        """Keep a record's checked body, if it is big enough to be worth it and small enough to fit."""
+    def put(self, segment: Hashable, position: int, header: RecordHeader, body: bytes,
+            valid: Callable[[], bool] = lambda: True) -> None:
+        """Keep a record's checked body, if it is big enough to be worth it, small enough to fit,
+        and still what the segment holds there (``valid()``, asked under the lock ``forget`` takes)."""
         size = len(body)
         if not self._smallest <= size <= self._budget // 4:
             return
         with self._lock:
             key = (segment, position)
-            if key in self._entries:
+            if key in self._entries or not valid():
                 return
             self._entries[key] = (header, body)
             self._positions.setdefault(segment, set()).add(position)

@@ -84,6 +84,7 @@ class Segment:
         self._users = 0  # reads and appends using the descriptor now: it is not closed under them
         self.recently_used = False  # for ``OpenFiles``: used since it last made room
         self._failed_sync: OSError | None = None  # of a close for room: the next sync raises it
+        self.cuts = 0  # times the file was scanned and maybe cut back (``recover``): RECENT_RECORDS's check
 
     def _acquire(self, create: bool = False) -> int:
         """The descriptor, opened when needed (an existing segment's file must exist, unless
@@ -341,7 +342,8 @@ class Segment:
     def recover(self, verify_crc: bool = True) -> CutReport | None:
         """Scan records from the start, rebuild the index and cut everything from the first torn,
         corrupt or non-contiguous record on. Returns what was cut, if anything."""
-        RECENT_RECORDS.forget(self)  # what it cuts may be written again, differently
+        self.cuts += 1  # what it cuts may be written again, differently: reads under way keep none of it
+        RECENT_RECORDS.forget(self)
         self._index = array("q")
         self._bytes_since_index = self.index_interval_bytes
         self.size, self.next_offset = 0, self.base_offset
@@ -396,6 +398,7 @@ class Segment:
         if position >= end:
             return  # nothing to read: a segment no append created a file for has none to open
         cached_here = RECENT_RECORDS.holds(self)  # else no lookup per record: a scan of small ones is long
+        cuts = self.cuts
         with self._opened() as fd:
             while position < end:
                 cached = RECENT_RECORDS.get(self, position) if cached_here else None
@@ -431,7 +434,7 @@ class Segment:
                             header.next_offset,
                         )
                     if stop is not None and header.base_offset < stop < header.next_offset:
-                        RECENT_RECORDS.put(self, position, header, body)
+                        RECENT_RECORDS.put(self, position, header, body, lambda: self.cuts == cuts)
                     yield header, body
                 expected = header.next_offset
                 position += header.size

@@ -45,6 +45,8 @@ def test_the_cache_keeps_big_bodies_within_its_budget_least_recently_used_first(
     cache.forget("s")
     assert (cache.cached_bytes, cache.get("s", 10), cache.get("t", 0)[1]) == (100, None, b"y" * 100)
     assert (cache.holds("s"), cache.holds("t")) == (False, True)
+    cache.put("t", 1, header, b"z" * 100, valid=lambda: False)  # a read that began before a cut
+    assert (cache.get("t", 1), cache.cached_bytes) == (None, 100)
 
 
 def test_small_reads_inside_a_big_record_come_from_memory_in_order(log):
@@ -73,7 +75,10 @@ def test_a_segment_cut_back_forgets_its_records_before_others_take_their_place(l
     log.append(*big_record("a"))
     log.append(*big_record("b", BIG))
     assert bodies(log, BIG + 5, 3) == [f"b-{i}".encode() for i in range(BIG + 5, BIG + 8)]
-    log.segments[-1].truncate_at(BIG)
+    segment = log.segments[-1]
+    cuts = segment.cuts
+    segment.truncate_at(BIG)
+    assert segment.cuts == cuts + 1, "a read that began before the cut keeps nothing it read"
     log.append(*big_record("c", BIG))
     assert bodies(log, BIG + 5, 3) == [f"c-{i}".encode() for i in range(BIG + 5, BIG + 8)]
     assert bodies(log, 5, 3) == [b"a-5", b"a-6", b"a-7"]
