@@ -536,19 +536,11 @@ def _consume_backlog(workdir: Path, messages: int, queues: int, orderly: bool) -
         ConsumeConcurrentlyStatus,
         ConsumeOrderlyStatus,
         OrderlyConsumer,
-        Producer,
     )
 
-    keys, what = 1000, "orderly consume" if orderly else "concurrent consume"
+    what = "orderly consume" if orderly else "concurrent consume"
     with BrokerProcess(workdir / what.replace(" ", "-"), "--flush", "async", "--log-level", "WARNING") as broker:
-        conn = BrokerConnection(broker.address)
-        conn.call("CreateTopic", pb.CreateTopicRequest(topic="consume", queue_count=queues))
-        conn.close()
-        body = b"x" * (BODY_BYTES - 8)
-        with Producer(broker.address) as producer:
-            for start in range(0, messages, 10_000):
-                producer.send_batch("consume", [{"key": f"key-{n % keys}", "body": body + b"%08d" % n}
-                                                for n in range(start, min(start + 10_000, messages))])
+        _numbered_backlog(broker.address, "consume", queues, messages)
         seen: dict[str, list[int]] = {}
         done = threading.Event()
         count = itertools.count(1)
@@ -581,17 +573,10 @@ def pull_consumer_poll(workdir: Path, messages: int, queues: int = 8) -> tuple[f
     every key's messages came once each, in order. Returns (msgs/s, broker CPU µs per message)."""
     import psutil
 
-    from connector.client import Producer, PullConsumer
+    from connector.client import PullConsumer
 
     with BrokerProcess(workdir / "poll", "--log-level", "WARNING") as broker:
-        conn = BrokerConnection(broker.address)
-        conn.call("CreateTopic", pb.CreateTopicRequest(topic="poll", queue_count=queues))
-        conn.close()
-        body = b"x" * (BODY_BYTES - 8)
-        with Producer(broker.address) as producer:
-            for start in range(0, messages, 10_000):
-                producer.send_batch("poll", [{"key": f"key-{n % 1000}", "body": body + b"%08d" % n}
-                                             for n in range(start, min(start + 10_000, messages))])
+        _numbered_backlog(broker.address, "poll", queues, messages)
         seen: dict[str, list[int]] = {}
         server = psutil.Process(broker.pid)
         with PullConsumer(broker.address, group="bench") as consumer:
@@ -603,6 +588,21 @@ def pull_consumer_poll(workdir: Path, messages: int, queues: int = 8) -> tuple[f
             seconds, cpu = time.perf_counter() - t0, sum(server.cpu_times()[:2]) - cpu_before
     _check_numbered(seen, messages, "PullConsumer.poll")
     return messages / seconds, cpu / messages * 1e6
+
+
+def _numbered_backlog(address: str, topic: str, queues: int, messages: int) -> None:
+    """``topic`` of ``queues`` queues holding ``messages`` messages numbered in their bodies' last 8
+    bytes, over 1,000 keys, stored by ``send_batch`` 10,000 at a time."""
+    from connector.client import Producer
+
+    conn = BrokerConnection(address)
+    conn.call("CreateTopic", pb.CreateTopicRequest(topic=topic, queue_count=queues))
+    conn.close()
+    body = b"x" * (BODY_BYTES - 8)
+    with Producer(address) as producer:
+        for start in range(0, messages, 10_000):
+            producer.send_batch(topic, [{"key": f"key-{n % 1000}", "body": body + b"%08d" % n}
+                                        for n in range(start, min(start + 10_000, messages))])
 
 
 def _stored_sequences(conn: BrokerConnection, topic: str, queues: int) -> dict[str, list[int]]:
