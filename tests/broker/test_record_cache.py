@@ -1,4 +1,5 @@
-"""Big records read lately are served from memory; a segment cut back or closed forgets its own."""
+"""A big record a pull read in part is served from memory to the next pull; a segment cut back or
+closed forgets its own."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from broker.storage import QueueLog
 from broker.storage.record import HEADER
 from broker.storage.record_cache import RECENT_RECORDS, RecordCache
 from broker.wire import codec
+from broker.wire.errors import DamagedRecordError
 
 BIG = 10_000  # messages of one record: its body is far over the smallest kept
 
@@ -65,7 +67,7 @@ def test_small_reads_inside_a_big_record_come_from_memory_in_order(log):
         offset = result.next_offset
     assert got == [f"a-{i}".encode() for i in range(32, BIG)]
     RECENT_RECORDS.forget(segment)
-    with pytest.raises(Exception, match="damaged on disk"):
+    with pytest.raises(DamagedRecordError, match="damaged on disk"):
         log.read(40, 32, 1 << 30)
 
 
