@@ -5,7 +5,7 @@ A batch producer (``Producer.send_batch``, the Spark sink) stores records of tho
 and a consumer pulls tens or hundreds at a time (``PullConsumer.poll``: 32, the push consumers:
 128). Each of its pulls read the whole record again from the file and checked its CRC, to answer
 with a slice of it: a pull of 32 messages out of a 10,000-message record cost the broker 0.63 ms of
-CPU, against 0.34 from here. A record a pull ends inside (``Segment.records_from``'s ``stop``) is
+CPU, against 0.30-0.34 from here. A record a pull ends inside (``Segment.records_from``'s ``stop``) is
 kept, checked (up to ``BUDGET_BYTES`` in all, the least recently used going first), and the next
 pull, which starts inside it, takes it from memory. A reader of whole records (the Spark source)
 keeps none.
