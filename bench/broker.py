@@ -20,7 +20,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from bench.ceiling import CeilingProcess, ceiling_channel, push_callable
-from bench.report import Row, in_turn, medians, percentile, round_ratios
+from bench.report import Row, cpu_seconds, in_turn, medians, percentile, round_ratios
 from broker.launcher import BrokerProcess
 from broker.storage.page_cache import AUTO, window_bytes
 from broker.wire import codec
@@ -581,11 +581,11 @@ def pull_consumer_poll(workdir: Path, messages: int, queues: int = 8) -> tuple[f
         server = psutil.Process(broker.pid)
         with PullConsumer(broker.address, group="bench") as consumer:
             consumer.assign("poll")
-            cpu_before, t0 = sum(server.cpu_times()[:2]), time.perf_counter()
+            cpu_before, t0 = cpu_seconds(server), time.perf_counter()
             while batch := consumer.poll():
                 for message in batch:
                     seen.setdefault(message.key, []).append(int(message.body[-8:]))
-            seconds, cpu = time.perf_counter() - t0, sum(server.cpu_times()[:2]) - cpu_before
+            seconds, cpu = time.perf_counter() - t0, cpu_seconds(server) - cpu_before
     _check_numbered(seen, messages, "PullConsumer.poll")
     return messages / seconds, cpu / messages * 1e6
 

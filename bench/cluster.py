@@ -29,7 +29,7 @@ import psutil
 import pyarrow as pa
 
 from bench.broker import _timed_threads
-from bench.report import Row
+from bench.report import Row, cpu_seconds
 from broker.cluster.local_cluster import LocalCluster
 from broker.cluster.zookeeper import ZooKeeperServer
 from connector.client import Admin, Producer, PullConsumer
@@ -58,9 +58,9 @@ def _table(rows: int, keys: int = 1000) -> pa.Table:
 
 def _measured(cluster: LocalCluster, run) -> _Measured:
     brokers = [psutil.Process(b.pid) for b in cluster.brokers]
-    before, client_before = sum(sum(p.cpu_times()[:2]) for p in brokers), time.process_time()
+    before, client_before = sum(cpu_seconds(p) for p in brokers), time.process_time()
     messages, seconds = run()
-    broker_cpu = sum(sum(p.cpu_times()[:2]) for p in brokers) - before
+    broker_cpu = sum(cpu_seconds(p) for p in brokers) - before
     client_cpu = time.process_time() - client_before
     return _Measured(messages / seconds, broker_cpu / messages * 1e6, client_cpu / messages * 1e6)
 

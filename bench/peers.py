@@ -37,7 +37,7 @@ from pathlib import Path
 
 import psutil
 
-from bench.report import Row
+from bench.report import Row, cpu_seconds
 from broker.launcher import free_port
 from connector.history import check_keyed
 
@@ -357,10 +357,6 @@ class _Turns:
         return round(self.server_cpu_s * per_send, 1), round(self.client_cpu_s * per_send, 1)
 
 
-def _cpu_s(process: psutil.Process) -> float:
-    return sum(process.cpu_times()[:2])  # user and system
-
-
 def _sync_in_turns(systems: dict[str, _Peer], seconds: float) -> dict[str, tuple[int, _Turns]]:
     """Each system's synchronous sends, ``SYNC_ROUNDS`` turns of ``seconds / SYNC_ROUNDS`` each, the
     systems one after the other in every round, after a short untimed run that warms each path:
@@ -370,12 +366,12 @@ def _sync_in_turns(systems: dict[str, _Peer], seconds: float) -> dict[str, tuple
     turns = {name: _Turns() for name in systems}
     for _ in range(SYNC_ROUNDS):
         for name, system in systems.items():
-            took, server_before, client_before = turns[name], _cpu_s(system.server), time.process_time()
+            took, server_before, client_before = turns[name], cpu_seconds(system.server), time.process_time()
             t0 = time.perf_counter()
             took.sent += system.sync(seconds / SYNC_ROUNDS, warm[name] + took.sent)
             took.seconds += time.perf_counter() - t0
             took.client_cpu_s += time.process_time() - client_before
-            took.server_cpu_s += _cpu_s(system.server) - server_before
+            took.server_cpu_s += cpu_seconds(system.server) - server_before
     return {name: (warm[name] + turns[name].sent, turns[name]) for name in systems}
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-__all__ = ["Row", "percentile", "write_report"]
+__all__ = ["Row", "cpu_seconds", "percentile", "write_report"]
 
 
 @dataclass
@@ -31,6 +31,11 @@ class Row:
     @property
     def ratio(self) -> float | None:
         return self.figure / self.ceiling if self.ceiling else None
+
+
+def cpu_seconds(process) -> float:
+    """The user and system CPU a ``psutil.Process`` has spent so far."""
+    return sum(process.cpu_times()[:2])
 
 
 def percentile(values: list[float], p: float) -> float:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import psutil
 
-from bench.report import Row
+from bench.report import Row, cpu_seconds
 from broker.cluster.zookeeper import ZooKeeperServer, zookeeper_installed
 from broker.launcher import BrokerProcess
 from broker.security.acl import AclDocument, Rule, save_acl
@@ -72,10 +72,10 @@ def _in_sync(conn: BrokerConnection, timeout: float = 60.0) -> None:
 
 def _measured(brokers: list[BrokerProcess], run) -> dict[str, float]:
     procs = [psutil.Process(b.pid) for b in brokers]
-    before = [sum(p.cpu_times()[:2]) for p in procs]
+    before = [cpu_seconds(p) for p in procs]
     client_before = time.process_time()
     messages, seconds = run()
-    cpu = [sum(p.cpu_times()[:2]) - b for p, b in zip(procs, before, strict=True)]
+    cpu = [cpu_seconds(p) - b for p, b in zip(procs, before, strict=True)]
     return {"rate": messages / seconds, "master_cpu_us": cpu[0] / messages * 1e6,
             "slave_cpu_us": cpu[1] / messages * 1e6,
             "client_cpu_us": (time.process_time() - client_before) / messages * 1e6}

@@ -21,7 +21,7 @@ import psutil
 
 from bench import secure_replication
 from bench.broker import _timed_threads, make_batch
-from bench.report import Row
+from bench.report import Row, cpu_seconds
 from broker.launcher import BrokerProcess
 from broker.security.acl import AclDocument, Rule, save_acl
 from broker.security.guard import AccessGuard
@@ -62,9 +62,9 @@ class _Measured:
 def _measured(broker: BrokerProcess, run) -> _Measured:
     """``run() -> (messages, seconds)`` with the CPU both processes spent meanwhile."""
     server = psutil.Process(broker.pid)
-    server_before, client_before = sum(server.cpu_times()[:2]), time.process_time()
+    server_before, client_before = cpu_seconds(server), time.process_time()
     messages, seconds = run()
-    server_cpu, client_cpu = sum(server.cpu_times()[:2]) - server_before, time.process_time() - client_before
+    server_cpu, client_cpu = cpu_seconds(server) - server_before, time.process_time() - client_before
     return _Measured(messages / seconds, server_cpu / messages * 1e6, client_cpu / messages * 1e6)
 
 
