@@ -175,7 +175,7 @@ class Segment:
         """
         position = self.size
         if self._page_cache is not None:
-            self._page_cache.make_room(header.size)
+            self._page_cache.make_room(self, header.size)
         fd = self._acquire(create=True)
         try:  # held until counted: a file closed before its fsync could lose the write's error
             try:
@@ -297,6 +297,8 @@ class Segment:
                 self._fd = None
         if self._open_files is not None:
             self._open_files.forget(self)
+        if self._page_cache is not None:
+            self._page_cache.forget(self)
         RECENT_RECORDS.forget(self)
         if fd is not None:
             with contextlib.suppress(OSError):
