@@ -14,7 +14,8 @@ oldest log beyond that, on disk by then, are dropped from it
 of need, they would be back with the host a few seconds later). Log written and not yet on disk
 counts toward the window: counting durable log alone, an exactly-once commit, hundreds of
 megabytes between two flushes, found only what lay beyond the budget, and its appends took new
-pages (a Spark sink's commit of 525 MB: 120-450 MB freed, 0.40-0.57 s; counted, 482-522 MB and 0.21 s). Readers at the tail still read from
+pages (a Spark sink's commit of 525 MB: 161-520 MB freed, 0.32-0.63 s; counted, 472-522 MB and
+0.22-0.31 s). Readers at the tail still read from
 memory; one further behind reads from disk, as it would on a machine with less memory. A segment's
 last chunk, if partial, is left to the kernel; a file closed for room (``broker.storage.open_files``)
 is opened for its drop alone. Log the page cache still holds from before a restart joins the window
