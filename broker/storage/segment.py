@@ -19,6 +19,7 @@ import errno
 import logging
 import os
 import struct
+import sys
 import threading
 from array import array
 from collections.abc import Iterator, Sequence
@@ -27,7 +28,7 @@ from pathlib import Path
 
 from broker.persist import fsync_dir
 from broker.storage.open_files import OpenFiles
-from broker.storage.page_cache import PageCacheWindow, cached_bytes, drop_from_cache
+from broker.storage.page_cache import WRITE_UNIT_BYTES, PageCacheWindow, cached_bytes, drop_from_cache
 from broker.storage.record import HEADER, RecordHeader, parse_header, verify
 from broker.storage.record_cache import RECENT_RECORDS
 from broker.wire import codec
@@ -68,6 +69,7 @@ class Segment:
         self.path = path
         self._open_files = open_files  # None: the file stays open once opened
         self._page_cache = page_cache  # asked for room before each append, told what fsyncs made durable
+        self._write_unit = 0 if page_cache is None else WRITE_UNIT_BYTES  # bytes one write takes at most
         self.base_offset = base_offset
         self.next_offset = base_offset
         self.size = 0
@@ -179,7 +181,7 @@ class Segment:
         fd = self._acquire(create=True)
         try:  # held until counted: a file closed before its fsync could lose the write's error
             try:
-                written = _pwritev_all(fd, parts, position)
+                written = _pwritev_all(fd, parts, position, self._write_unit)
                 if written != header.size:  # a short write on a regular file means the disk is full
                     raise OSError(errno.ENOSPC, f"short write to {self.path}: {written} of {header.size} bytes")
                 if sync:
@@ -555,16 +557,34 @@ class Segment:
         self.producers_path.unlink(missing_ok=True)
 
 
-def _pwritev_all(fd: int, parts: Sequence[bytes | memoryview], position: int) -> int:
-    """Write ``parts`` at ``position``, over several calls when there are more than one takes (a
-    commit's record may have thousands); the bytes written, short only when the disk is full."""
-    if len(parts) <= _IOV_MAX:
+def _pwritev_all(fd: int, parts: Sequence[bytes | memoryview], position: int, unit: int = 0) -> int:
+    """Write ``parts`` at ``position``; the bytes written, short only when the disk is full. One
+    call takes at most ``_IOV_MAX`` parts (a commit's record may have thousands) and, with ``unit``,
+    at most that many bytes (``page_cache.WRITE_UNIT_BYTES``)."""
+    if len(parts) <= _IOV_MAX and not unit:
         return os.pwritev(fd, parts, position)
     written = 0
-    for first in range(0, len(parts), _IOV_MAX):
-        group = parts[first:first + _IOV_MAX]
+    for group, size in _write_calls(parts, unit or sys.maxsize):
         done = os.pwritev(fd, group, position + written)
         written += done
-        if done != sum(len(part) for part in group):
+        if done != size:
             break
     return written
+
+
+def _write_calls(parts: Sequence[bytes | memoryview], unit: int) -> Iterator[tuple[list[memoryview], int]]:
+    """``parts`` cut into the iovecs of consecutive ``pwritev`` calls, and the bytes of each."""
+    group: list[memoryview] = []
+    size = 0
+    for part in parts:
+        view = memoryview(part).cast("B")
+        while len(view):
+            piece = view[:unit - size]
+            group.append(piece)
+            size += len(piece)
+            view = view[len(piece):]
+            if size == unit or len(group) == _IOV_MAX:
+                yield group, size
+                group, size = [], 0
+    if group:
+        yield group, size
