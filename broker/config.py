@@ -62,6 +62,8 @@ class BrokerConfig:
         on virtual machines that return free memory to their host, far cheaper than new pages).
         -1: 1 GiB on such a machine (a virtio balloon reporting free pages), else none; 0: none,
         the page cache is left to the kernel. Rounded up to whole chunks (``hpage_pmd_size``, 2 MiB).
+        With a window, a transaction commit's appends are written 64 KiB at a time (a larger write
+        takes new pages in 2 MiB folios, there the costliest).
     retention_ms, retention_bytes : int
         Delete whole segments older than this / beyond this size per queue; 0 keeps forever / unlimited.
     retention_check_interval_ms : int

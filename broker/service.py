@@ -446,7 +446,7 @@ class BrokerService:
         topic, queue_id = queue
         parts, rows = codec.join_records(payloads)  # staged sends are message_batch bodies, like records
         result = self.store.queue(topic, queue_id).append(parts, rows, f"txn:{txn_id}", 0, since=start,
-                                                          admit=self._still_master)
+                                                          admit=self._still_master, burst=True)
         if self.cluster is not None:
             self.cluster.stored(topic, queue_id, result.base_offset + result.count)
         return rows

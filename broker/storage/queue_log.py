@@ -229,7 +229,7 @@ class QueueLog:
     # -- appending -----------------------------------------------------------------------------
 
     def append(self, body: Body, count: int, producer_id: str = "", sequence: int = -1, *,
-               since: int | None = None, admit: Callable[[], object] | None = None) -> AppendResult:
+               since: int | None = None, admit: Callable[[], object] | None = None, burst: bool = False) -> AppendResult:
         """Store one batch (``codec.message_batch`` output: ``count`` messages; or the parts that
         concatenate to one, ``codec.join_records``) as one record; returns its offsets.
 
@@ -239,6 +239,7 @@ class QueueLog:
         that offset on (a commit re-applied long after its first attempt). ``admit`` is called
         under the log's lock before anything is stored, and stops the append by raising: a broker
         group's master checks there that it still is (a slave's cut of its log takes that lock).
+        ``burst``: one of many appends made at once, a transaction's commit (``Segment.append``).
         """
         phash = producer_hash(producer_id) if producer_id and sequence >= 0 else 0
         with self._lock:
@@ -260,7 +261,7 @@ class QueueLog:
             with write_failure_as_error(self.data_dir, f"store {count} message(s) in queue {self._name}"):
                 if active.size and active.size + header.size > self.segment_bytes:
                     active = self._roll()
-                active.append((head, *body_parts(body)), header, sync=self.sync)
+                active.append((head, *body_parts(body)), header, sync=self.sync, burst=burst)
             if not self.sync:
                 self.dirty = True
             result = AppendResult(base, count, store_ts)

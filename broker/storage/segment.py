@@ -69,7 +69,6 @@ class Segment:
         self.path = path
         self._open_files = open_files  # None: the file stays open once opened
         self._page_cache = page_cache  # asked for room before each append, told what fsyncs made durable
-        self._write_unit = 0 if page_cache is None else WRITE_UNIT_BYTES  # bytes one write takes at most
         self.base_offset = base_offset
         self.next_offset = base_offset
         self.size = 0
@@ -164,10 +163,13 @@ class Segment:
 
     # -- writing -------------------------------------------------------------------------------
 
-    def append(self, parts: Sequence[bytes | memoryview], header: RecordHeader, *, sync: bool = False) -> None:
+    def append(self, parts: Sequence[bytes | memoryview], header: RecordHeader, *, sync: bool = False,
+               burst: bool = False) -> None:
         """Write one framed record (``parts`` joined: header and body, written by one ``pwritev``
         so that a megabyte body is not copied to sit behind its header) after the last one; with
-        ``sync``, fsync it (and, for a new file, its directory) before counting it.
+        ``sync``, fsync it (and, for a new file, its directory) before counting it. With ``burst``
+        (one of a commit's appends) and a page-cache window, no write takes more than
+        ``WRITE_UNIT_BYTES`` (``broker.storage.page_cache``).
 
         Raises
         ------
@@ -181,7 +183,8 @@ class Segment:
         fd = self._acquire(create=True)
         try:  # held until counted: a file closed before its fsync could lose the write's error
             try:
-                written = _pwritev_all(fd, parts, position, self._write_unit)
+                unit = WRITE_UNIT_BYTES if burst and self._page_cache is not None else 0
+                written = _pwritev_all(fd, parts, position, unit)
                 if written != header.size:  # a short write on a regular file means the disk is full
                     raise OSError(errno.ENOSPC, f"short write to {self.path}: {written} of {header.size} bytes")
                 if sync:

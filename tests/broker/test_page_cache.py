@@ -252,11 +252,13 @@ def test_a_closed_segment_s_unsynced_log_no_longer_counts(tmp_path):
     assert window.unsynced_bytes == 0
 
 
-@pytest.mark.parametrize("window", [True, False], ids=["window", "no-window"])
-def test_with_a_window_an_append_is_written_a_write_unit_at_a_time(tmp_path, monkeypatch, window):
-    """Where the window is kept, no write takes more than ``WRITE_UNIT_BYTES`` of an append (a write
-    of megabytes gets new pages in 2 MiB folios, which came from memory the host had taken back);
-    elsewhere a record is one write. Either way every message reads back, in order."""
+@pytest.mark.parametrize(("window", "burst"), [(True, True), (True, False), (False, True)],
+                         ids=["commit-with-window", "send-with-window", "commit-without-window"])
+def test_a_commit_s_append_is_written_a_write_unit_at_a_time_where_a_window_is_kept(tmp_path, monkeypatch, window,
+                                                                                    burst):
+    """Where the window is kept, no write of a commit's append (``burst``) takes more than
+    ``WRITE_UNIT_BYTES``: a write of megabytes gets new pages in 2 MiB folios, which came from memory
+    the host had taken back. Any other record is one write. Either way every message reads back, in order."""
     sizes: list[int] = []
     pwritev = os.pwritev
 
@@ -269,10 +271,10 @@ def test_with_a_window_an_append_is_written_a_write_unit_at_a_time(tmp_path, mon
     batch = codec.encode(codec.messages_to_batch([{"key": f"k{i % 7}", "body": b} for i, b in enumerate(bodies)]))
     monkeypatch.setattr(os, "pwritev", recorded)
     for _ in range(2):
-        queue.append(batch, len(bodies))
+        queue.append(batch, len(bodies), burst=burst)
     monkeypatch.undo()
     assert sum(sizes) == queue.segments[-1].size
-    if window:
+    if window and burst:
         assert max(sizes) <= WRITE_UNIT_BYTES < queue.segments[-1].size // 2
     else:
         assert sizes == [queue.segments[-1].size // 2] * 2
