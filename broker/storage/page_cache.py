@@ -15,11 +15,11 @@ of need, they would be back with the host a few seconds later). Log written and 
 counts toward the window: counting durable log alone, an exactly-once commit, hundreds of
 megabytes between two flushes, found only what lay beyond the budget, and its appends took new
 pages (a Spark sink's commit of 525 MB: 161-520 MB freed, 0.32-0.63 s; counted, 472-522 MB and
-0.22-0.31 s). Readers at the tail still read from
-memory; one further behind reads from disk, as it would on a machine with less memory. A segment's
-last chunk, if partial, is left to the kernel; a file closed for room (``broker.storage.open_files``)
-is opened for its drop alone. Log the page cache still holds from before a restart joins the window
-at start, oldest first, so new log pushes it out as it would log written since.
+0.22-0.31 s). Readers at the tail still read from memory; one further behind reads from disk, as it
+would on a machine with less memory. A segment's last chunk, if partial, is left to the kernel; a
+file closed for room (``broker.storage.open_files``) is opened for its drop alone. Log the page
+cache still holds from before a restart joins the window at start, oldest first, so new log pushes
+it out as it would log written since.
 
 Elsewhere a new page costs no more than a reused one, and keeping old log cached only helps
 readers, so the default (-1) keeps a window only where a virtio memory balloon reports free pages

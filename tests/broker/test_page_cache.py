@@ -149,8 +149,8 @@ def test_chunks_are_the_page_cache_s_largest_folio(tmp_path):
     assert _largest_folio_bytes(tmp_path / "absent") == 2 * MIB
 
 
-def _queue(directory: Path, window: PageCacheWindow | None) -> QueueLog:
-    return QueueLog(directory, segment_bytes=64 * MIB, index_interval_bytes=4096, sync=True, page_cache=window)
+def _queue(directory: Path, window: PageCacheWindow | None, sync: bool = True) -> QueueLog:
+    return QueueLog(directory, segment_bytes=64 * MIB, index_interval_bytes=4096, sync=sync, page_cache=window)
 
 
 def _append_chunks(queue: QueueLog, chunks: int) -> None:
@@ -229,8 +229,7 @@ def test_log_not_yet_durable_counts_so_a_burst_of_appends_takes_freed_pages(tmp_
     interval) found little to drop and took pages nobody had used, several times slower on a virtual
     machine that hands free pages back to its host."""
     window = PageCacheWindow(4 * CHUNK_BYTES)
-    queue = QueueLog(tmp_path / "t" / "0", segment_bytes=64 * MIB, index_interval_bytes=4096, sync=False,
-                     page_cache=window)
+    queue = _queue(tmp_path / "t" / "0", window, sync=False)
     _append_chunks(queue, 4)
     queue.flush()
     assert window.dropped_bytes == 0 and window.unsynced_bytes == 0  # the window is full, none beyond it
@@ -244,8 +243,7 @@ def test_log_not_yet_durable_counts_so_a_burst_of_appends_takes_freed_pages(tmp_
 def test_a_closed_segment_s_unsynced_log_no_longer_counts(tmp_path):
     """A segment closed with log not yet durable (its topic deleted) would otherwise shrink the window for good."""
     window = PageCacheWindow(4 * CHUNK_BYTES)
-    queue = QueueLog(tmp_path / "t" / "0", segment_bytes=64 * MIB, index_interval_bytes=4096, sync=False,
-                     page_cache=window)
+    queue = _queue(tmp_path / "t" / "0", window, sync=False)
     _append_chunks(queue, 1)
     assert window.unsynced_bytes > 0
     queue.segments[-1].close()
