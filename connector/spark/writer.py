@@ -126,7 +126,8 @@ class _OrderlyMQWriterMixin:
                 # the topic's route is read and the transaction begun, round trips a micro-batch would
                 # otherwise wait for after it.
                 prepared = pool.submit(self._prepare, router, sender)
-                for rows in _gathered(iterator, self.options.max_batch_bytes):
+                # Gathered past a small maxBatchBytes too: the sender cuts each queue's rows to it.
+                for rows in _gathered(iterator, max(self.options.max_batch_bytes, _ROUTE_BYTES)):
                     prepared.result()
                     for topic, queue_id, table, size in router.route(rows):
                         sender.add(topic, queue_id, table, size)
@@ -370,15 +371,17 @@ class _Router:
 
 
 _ROUTE_ROWS = 40_000  # input rows routed at once, at most
+_ROUTE_BYTES = 4 * 1024 * 1024  # input bytes routed at once, at most (or maxBatchBytes, where larger)
 
 
 def _gathered(batches: Iterator[pa.RecordBatch], max_bytes: int) -> Iterator[pa.Table]:
-    """The input batches, in order, gathered into tables of ``_ROUTE_ROWS`` rows or ``max_bytes``
-    (``maxBatchBytes``: no more than the task could send at once), the last one maybe less; none empty.
+    """The input batches, in order, gathered into tables of ``_ROUTE_ROWS`` rows or ``max_bytes``,
+    the last one maybe less; none empty.
 
     Routing costs a little per call besides its cost per row (each distinct key hashed, the sort,
     the message table's columns made): Spark hands a writer batches of 10,000 rows, and routing
-    40,000 at once takes two thirds of the time (100-byte bodies, 1,000 keys)."""
+    40,000 at once takes two thirds of the time (100-byte bodies, 1,000 keys). The bytes bound
+    what a task holds gathered, and its copy sorted by queue, when rows are large."""
     gathered: list[pa.RecordBatch] = []
     rows = size = 0
     for batch in batches:

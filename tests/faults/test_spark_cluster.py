@@ -26,6 +26,7 @@ from connector.history import Delivery, History, check
 from tests.faults.fault_profile import PROFILE
 from tests.faults.spark_queries import copy_query, visible
 from tests.faults.workload import KeyedProducer, body, parse_body, stored_deliveries
+from tests.spark.helpers import route_each_batch_alone
 from tests.support import wait_until
 
 SOURCE, SINK, GROUP, QUEUES = "trades", "trades-copy", "copier", 6
@@ -263,7 +264,7 @@ def test_commit_plan_replayed_exactly_on_every_group(broker_cluster):
     assert output.ok and output.deliveries == output.acked, str(output)
 
 
-def test_task_goes_on_through_a_master_kill_and_stages_again_a_lost_part(broker_cluster):
+def test_task_goes_on_through_a_master_kill_and_stages_again_a_lost_part(broker_cluster, monkeypatch):
     """A task stages rows on three groups. One group's master is killed -9 between two of its sends:
     its new master had copied every staged send, so the task's next send goes on in the same part.
     Another group loses the task's part (aborted behind its back): that part is abandoned and its
@@ -271,6 +272,7 @@ def test_task_goes_on_through_a_master_kill_and_stages_again_a_lost_part(broker_
     each key in order."""
     import threading
 
+    route_each_batch_alone(monkeypatch)
     groups = broker_cluster(3, 2)
     bootstrap = _bootstrap(groups)
     with Admin(bootstrap) as admin:

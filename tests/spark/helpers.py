@@ -129,3 +129,12 @@ def run_available_now(df, checkpoint, collector):
     query.awaitTermination(120)
     assert query.exception() is None
     return query
+
+
+def route_each_batch_alone(monkeypatch) -> None:
+    """Have sink tasks route each input batch as it comes instead of gathering up to 4 MiB: with a
+    ``maxBatchBytes`` smaller than a batch, a test then knows the sends each of its batches makes
+    before the next batch is asked for."""
+    from connector.spark import writer
+
+    monkeypatch.setattr(writer, "_ROUTE_BYTES", 1)

@@ -19,7 +19,15 @@ from broker.wire.errors import OrderlyMQError, TopicGrewError
 from connector.client.connection import pb
 from connector.spark import OrderlyMQDataSource
 from connector.spark.schema import source_schema
-from tests.spark.helpers import assert_delivered, create_topic, keyed_events, produce, topic_delivered, topic_events
+from tests.spark.helpers import (
+    assert_delivered,
+    create_topic,
+    keyed_events,
+    produce,
+    route_each_batch_alone,
+    topic_delivered,
+    topic_events,
+)
 
 pytestmark = pytest.mark.spark
 
@@ -161,12 +169,14 @@ def test_tasks_send_over_the_lean_port_when_served_else_grpc(ospark, broker_fact
 
 
 @pytest.mark.parametrize("exactly_once", [True, False])
-def test_a_task_whose_lean_port_closes_sends_on_over_grpc(broker_factory, topic_name, exactly_once, caplog):
+def test_a_task_whose_lean_port_closes_sends_on_over_grpc(broker_factory, topic_name, exactly_once, caplog,
+                                                          monkeypatch):
     """The port's connections are closed under a writing task: what it sent next, it resends over
     gRPC under the same number (the broker stores one producer sequence once, and stages one
     staged send's number once), into the same transaction; every row once, in order."""
     from connector.client.connection import BrokerConnection
 
+    route_each_batch_alone(monkeypatch)
     caplog.set_level(logging.INFO, logger="connector.spark.writer")
     broker = broker_factory()
     events = keyed_events(4, 30)
@@ -191,7 +201,7 @@ def test_a_task_whose_lean_port_closes_sends_on_over_grpc(broker_factory, topic_
     assert _rpcs(broker, "SendPort") >= 8 and _rpcs(broker, "Send") >= 8
 
 
-def test_a_task_stages_again_in_a_new_transaction_on_a_broker_older_than_numbering(tmp_path, topic_name):
+def test_a_task_stages_again_in_a_new_transaction_on_a_broker_older_than_numbering(tmp_path, topic_name, monkeypatch):
     """A broker from before numbered staging would stage a resent send twice. Frozen as a task's
     send reaches it, then killed -9 and started again, it cannot be sent that send again (it may
     have staged it): the task stages everything again in a new transaction (``<id>.r1``) and the
@@ -199,6 +209,7 @@ def test_a_task_stages_again_in_a_new_transaction_on_a_broker_older_than_numberi
     from connector.client.connection import BrokerConnection
     from tests.support import BROKER_BEFORE_NUMBERED_STAGING, older_broker
 
+    route_each_batch_alone(monkeypatch)
     broker = older_broker(tmp_path, BROKER_BEFORE_NUMBERED_STAGING).start()
     events = keyed_events(4, 30)
 
@@ -589,9 +600,18 @@ def test_plans_removed_by_retention(broker_factory, topic_name, caplog, before):
         check_routed_in_order(conn, topic_name, 2, visible)
 
 
-def test_input_batches_are_routed_a_few_at_a_time_each_queue_in_order(broker, conn, topic_name, monkeypatch):
-    """A task routes Spark's input batches gathered (``_ROUTE_ROWS`` rows at most, the last fewer;
-    empty ones skipped): every row reaches its queue once, each key's in input order."""
+@pytest.mark.parametrize(("options", "batch_rows", "pad", "expected"), [
+    ({}, 10_000, 0, [40_000, 20_000]),
+    # A small maxBatchBytes cuts the sends, not the gathering: routing stays as cheap per row.
+    ({"maxBatchBytes": "1048576"}, 10_000, 0, [40_000, 20_000]),
+    # Large rows are gathered up to the bytes' bound: here each batch (about 5 MB) alone.
+    ({}, 1_000, 5_000, [1_000] * 6),
+], ids=["default", "small maxBatchBytes", "large rows"])
+def test_input_batches_are_routed_a_few_at_a_time_each_queue_in_order(broker, conn, topic_name, monkeypatch,
+                                                                      options, batch_rows, pad, expected):
+    """A task routes Spark's input batches gathered (``_ROUTE_ROWS`` rows or ``_ROUTE_BYTES`` at
+    most, the last fewer; empty ones skipped): every row reaches its queue once, each key's in
+    input order."""
     from connector.spark import writer as writer_module
 
     routed: list[int] = []
@@ -599,12 +619,12 @@ def test_input_batches_are_routed_a_few_at_a_time_each_queue_in_order(broker, co
     monkeypatch.setattr(writer_module._Router, "route", lambda self, rows: (routed.append(rows.num_rows),
                                                                            route(self, rows))[1])
     create_topic(conn, topic_name, 4)
-    writer = _writer(broker, topic_name)
-    events = keyed_events(50, 1200)  # 60,000 rows in batches of 10,000 as Spark hands them
-    batches = [_batch(events[start:start + 10_000]) for start in range(0, len(events), 10_000)]
+    writer = _writer(broker, topic_name, **options)
+    events = keyed_events(50, sum(expected) // 50)  # in batches of batch_rows, as Spark hands them
+    batches = [_batch(events[start:start + batch_rows], pad) for start in range(0, len(events), batch_rows)]
     batches.insert(3, batches[0].slice(0, 0))
     message = writer.write(iter(batches))
-    assert routed == [writer_module._ROUTE_ROWS, len(events) - writer_module._ROUTE_ROWS]
+    assert routed == expected
     writer.commit([message], 0)
     check_routed_in_order(conn, topic_name, 4, events)
 
