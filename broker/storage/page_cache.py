@@ -51,7 +51,16 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from broker.storage.segment import Segment
 
-__all__ = ["AUTO", "CHUNK_BYTES", "WRITE_UNIT_BYTES", "PageCacheWindow", "cached_bytes", "drop_from_cache", "reports_free_pages", "window_bytes"]
+__all__ = [
+    "AUTO",
+    "CHUNK_BYTES",
+    "WRITE_UNIT_BYTES",
+    "PageCacheWindow",
+    "cached_bytes",
+    "drop_from_cache",
+    "reports_free_pages",
+    "window_bytes",
+]
 
 log = logging.getLogger(__name__)
 

@@ -228,8 +228,8 @@ class QueueLog:
 
     # -- appending -----------------------------------------------------------------------------
 
-    def append(self, body: Body, count: int, producer_id: str = "", sequence: int = -1, *,
-               since: int | None = None, admit: Callable[[], object] | None = None, burst: bool = False) -> AppendResult:
+    def append(self, body: Body, count: int, producer_id: str = "", sequence: int = -1, *, since: int | None = None,
+               admit: Callable[[], object] | None = None, burst: bool = False) -> AppendResult:
         """Store one batch (``codec.message_batch`` output: ``count`` messages; or the parts that
         concatenate to one, ``codec.join_records``) as one record; returns its offsets.
 
