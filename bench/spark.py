@@ -203,17 +203,18 @@ def micro_batch_floor(spark, workdir: Path, seconds: float = 10.0) -> dict[str, 
     return _phases(progress[len(progress) // 5:])
 
 
-def sink_task_cpu_ns(address: str, rows: int, rounds: int) -> dict[str, float]:
+def sink_task_cpu_ns(address: str, rows: int, rounds: int, *, distinct_keys: bool = False) -> dict[str, float]:
     """The CPU one sink task spends per row it writes (ns, median of ``rounds``), at least once and
     exactly once: the writer's own work, which bounds a task's rate where the broker runs on other
     machines. Run in this process on Spark's input batches of 10,000 rows (100-byte bodies, 1,000
-    keys), the broker apart; its commit (the driver's) is left out."""
+    keys, or keys that never repeat, as an order's events a few micro-batches apart), the broker
+    apart; its commit (the driver's) is left out."""
     from pyspark.sql.types import BinaryType, StringType, StructField, StructType
 
     from connector.spark import OrderlyMQDataSource
 
     schema = StructType([StructField("key", StringType()), StructField("body", BinaryType())])
-    batch = make_table(PULL_BATCH_ROWS).to_batches()[0]
+    batches = _task_batches(rows, distinct_keys)
     conn = BrokerConnection(address)
     figures = {}
     for exactly_once in ("false", "true"):
@@ -225,12 +226,20 @@ def sink_task_cpu_ns(address: str, rows: int, rounds: int) -> dict[str, float]:
                                           "exactlyOnce": exactly_once})
             writer = source.streamWriter(schema, False)
             started = time.process_time()
-            message = writer.write(iter([batch] * (rows // PULL_BATCH_ROWS)))
+            message = writer.write(iter(batches))
             costs.append((time.process_time() - started) / message.rows * 1e9)
             writer.commit([message], 0)
         figures["exactly once" if exactly_once == "true" else "at least once"] = statistics.median(costs)
     conn.close()
     return figures
+
+
+def _task_batches(rows: int, distinct_keys: bool) -> list[pa.RecordBatch]:
+    batch = make_table(PULL_BATCH_ROWS).to_batches()[0]
+    if not distinct_keys:
+        return [batch] * (rows // PULL_BATCH_ROWS)
+    return [batch.set_column(0, "key", pa.array([f"order-{n}" for n in range(first, first + PULL_BATCH_ROWS)]))
+            for first in range(0, rows - PULL_BATCH_ROWS + 1, PULL_BATCH_ROWS)]
 
 
 def control_cost_ms(address: str, repeats: int = 30) -> dict[str, float]:
@@ -321,9 +330,12 @@ def run(workdir: Path, quick: bool) -> list[Row]:
                            extra={"micro-batch phases, median ms": floor}))
             print("Spark's own micro-batch, phases (median ms):",
                   ", ".join(f"{name} {ms:.0f}" for name, ms in floor.items()))
-            for guarantee, ns in sink_task_cpu_ns(broker.address, 200_000 if quick else 1_000_000, 3).items():
-                out.append(Row(f"spark sink task: CPU per row written ({guarantee})", ns, "ns", message_bytes=BODY_BYTES,
-                               queues=QUEUES))
+            for distinct_keys in (False, True):
+                figures = sink_task_cpu_ns(broker.address, 200_000 if quick else 1_000_000, 3, distinct_keys=distinct_keys)
+                for guarantee, ns in figures.items():
+                    keys = ", keys that never repeat" if distinct_keys else ""
+                    out.append(Row(f"spark sink task: CPU per row written ({guarantee}{keys})", ns, "ns",
+                                   message_bytes=BODY_BYTES, queues=QUEUES))
             for name, ms in control_cost_ms(broker.address).items():
                 out.append(Row(f"per micro-batch: {name} ({QUEUES} queues)", ms, "ms", queues=QUEUES))
         finally:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+import pyarrow as pa
 import pytest
 from pyspark.sql import functions as F
 from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
@@ -37,3 +38,16 @@ def test_spark_sql_routing_equals_queue_for_key(ospark, seed):
     df = ospark.createDataFrame([(k,) for k in strings[:50]], "k string")
     plain = df.select(F.expr("pmod(xxhash64(k), 7)").alias("q")).collect()
     assert [r["q"] for r in plain] == [queue_for_key(k, 7) for k in strings[:50]]
+
+
+@pytest.mark.parametrize("keys", [
+    [f"order-{i}" for i in range(6_000)],  # distinct, of five lengths: each row hashed
+    [f"{i:08x}-日本" for i in range(6_000)],  # distinct, of one length
+    [f"account-{i % 300}" for i in range(6_000)],  # repeating: each distinct key hashed once
+], ids=["distinct keys", "distinct keys of one length", "repeating keys"])
+def test_spark_sql_routing_equals_queue_ids_over_a_column(ospark, keys):
+    from broker.wire.routing import queue_ids
+
+    df = ospark.createDataFrame([(i, k) for i, k in enumerate(keys)], "i long, k string")
+    out = df.select("i", queue_expr("k", StringType(), 13).alias("q")).orderBy("i").collect()
+    assert [row["q"] for row in out] == queue_ids(pa.array(keys), 13).tolist()

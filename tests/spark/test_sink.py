@@ -629,6 +629,20 @@ def test_input_batches_are_routed_a_few_at_a_time_each_queue_in_order(broker, co
     check_routed_in_order(conn, topic_name, 4, events)
 
 
+def test_keys_that_seldom_repeat_reach_their_queues_in_order(broker, conn, topic_name):
+    """Keys that seldom repeat in what a task routes at once (an order's events, a batch apart) are
+    hashed row by row, not once per distinct key: every row reaches its key's queue once, each
+    key's in input order."""
+    from broker.wire import routing
+
+    create_topic(conn, topic_name, 4)
+    writer = _writer(broker, topic_name)
+    events = keyed_events(10_000, 2)
+    assert routing._mostly_distinct(pa.array([key for key, _ in events]))  # the way this test is about
+    writer.commit([writer.write(iter([_batch(events[:10_000]), _batch(events[10_000:])]))], 0)
+    check_routed_in_order(conn, topic_name, 4, events)
+
+
 def test_routed_queues_carry_their_rows_in_order_and_their_size(broker, conn, topic_name):
     """The router's groups: every row once, each queue's in input order, sized by their bytes (keys
     and bodies exactly), with null properties that carry no entries to the broker."""
