@@ -188,10 +188,14 @@ def _columns(rows: Sequence[Mapping[str, Any]]) -> list[Sequence]:
     """key, tag, body, properties and born_timestamp of every row, column by column. Read a column
     at a time: transposing row tuples made two objects per row for Python's cyclic collector (a
     tuple, and ``zip``'s iterator over it), which a pipelining producer paid per message."""
+    return [_column(rows, name, field) for name, field in zip(_NAMES, _FIELDS, strict=True)]
+
+
+def _column(rows: Sequence[Mapping[str, Any]], name: str, field: itemgetter) -> list:
     try:
-        return [list(map(field, rows)) for field in _FIELDS]
-    except (KeyError, TypeError):  # a dict without some of them (or another mapping)
-        return [tuple(row.get(name) for row in rows) for name in _NAMES]
+        return list(map(field, rows))
+    except (KeyError, TypeError):  # a dict without it (usually the first: no tag), or another mapping
+        return [row.get(name) for row in rows]
 
 
 def encode_rows(rows: Sequence[Mapping[str, Any]]) -> bytes:

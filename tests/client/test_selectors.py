@@ -147,7 +147,22 @@ def test_send_batch_of_a_table_routes_each_row_like_send_and_keeps_its_order(rou
     producer, topic = routed
     bodies = [f"{i}".encode() for i in range(len(keys))]
     results = producer.send_batch(topic, pa.table({"key": keys, "body": bodies}))
-    expected = [queue_for_key(k, 8) for k in keys.to_pylist()]
+    check_stored_where_routed_in_order(producer, topic, results, keys.to_pylist(), bodies)
+
+
+def test_send_batch_of_dicts_with_text_keys_routes_them_as_a_column_like_send(routed):
+    """Dicts whose keys are all text (str, or bytes holding UTF-8) are routed as one column, here
+    of keys that seldom repeat (each row hashed): every row lands where ``queue_for_key`` says,
+    each queue holds its rows complete and in input order."""
+    producer, topic = routed
+    keys = [f"order-{i % 1500}".encode() if i % 7 == 0 else f"order-{i % 1500}" for i in range(3000)]
+    bodies = [f"{i}".encode() for i in range(len(keys))]
+    results = producer.send_batch(topic, [{"key": k, "body": b} for k, b in zip(keys, bodies, strict=True)])
+    check_stored_where_routed_in_order(producer, topic, results, keys, bodies)
+
+
+def check_stored_where_routed_in_order(producer: Producer, topic: str, results, keys: list, bodies: list[bytes]) -> None:
+    expected = [queue_for_key(k, 8) for k in keys]
     assert [r.queue_id for r in results] == expected
     with PullConsumer(producer.connection.address) as consumer:
         for queue_id in set(expected):
