@@ -35,6 +35,9 @@ __all__ = ["EARLIEST", "LATEST", "PullConsumer", "default_client_id", "message_a
 
 log = logging.getLogger(__name__)
 _POLL_PAUSE_S = 0.05  # between rounds of pulls, where the brokers cannot wait for messages themselves
+# A queue found at its end is pulled again only this much later while other queues have messages:
+# catching up on one queue of 8 took 8 pulls per poll, 7 of them empty (14,300 msg/s).
+_EMPTY_RECHECK_S = 0.05
 
 EARLIEST = "earliest"
 LATEST = "latest"
@@ -102,6 +105,7 @@ class PullConsumer:
         self._followed: dict[MessageQueue, tuple[int, Message]] = {}  # poll's last message and the broker start
         self._epochs: dict[MessageQueue, int] = {}
         self._next_queue = 0
+        self._found_empty: dict[MessageQueue, float] = {}  # when a poll last found the queue at its end
         self._links = PullLinkPool()
         self._arrivals = ArrivalWait()
 
@@ -211,6 +215,7 @@ class PullConsumer:
         for mq in [m for m in self._positions if topic is None or m.topic == topic]:
             del self._positions[mq]
             self._followed.pop(mq, None)
+            self._found_empty.pop(mq, None)
 
     def _start_offset(self, mq: MessageQueue, start: str) -> int:
         lo, hi, _ = self.query_offsets(mq.topic, mq.queue_id)
@@ -247,10 +252,12 @@ class PullConsumer:
         """Set a queue's position where its caller (not its last poll) says."""
         self._positions[mq] = offset
         self._followed.pop(mq, None)
+        self._found_empty.pop(mq, None)
         return offset
 
     def poll(self, max_messages: int = 32, *, wait_ms: int = 0, tag_expression: str | None = None) -> list[Message]:
-        """The next messages of one assigned queue that has some (queues taken in turn).
+        """The next messages of one assigned queue that has some (queues taken in turn; one found at
+        its end waits ``_EMPTY_RECHECK_S`` for its next turn while others have messages).
 
         Advances that queue's position; commit it with ``commit``. With ``wait_ms``, waits up to
         that long in total when no queue has anything: on the brokers, which answer as soon as a
@@ -268,13 +275,17 @@ class PullConsumer:
         deadline = time.monotonic() + wait_ms / 1000
         in_vain = False  # a queue was ready, and the pass after found nothing: pause before waiting again
         while True:
-            for _ in range(len(queues)):
+            for index in self._poll_order(queues):
+                mq = queues[index]
                 with self._lock:
-                    mq = queues[self._next_queue % len(queues)]
-                    self._next_queue += 1
+                    self._next_queue = index + 1
+                position = self._positions[mq]
                 messages = self._poll_queue(mq, max_messages, tag_expression)
                 if messages:
+                    self._found_empty.pop(mq, None)
                     return messages
+                if self._positions.get(mq) == position:  # at its end (not past messages its tags filtered)
+                    self._found_empty[mq] = time.monotonic()
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return []
@@ -282,6 +293,16 @@ class PullConsumer:
             in_vain = bool(ready)
             if ready is None:
                 time.sleep(min(_POLL_PAUSE_S, max(0.0, deadline - time.monotonic())))
+
+    def _poll_order(self, queues: list[MessageQueue]) -> list[int]:
+        """One pass over ``queues`` (their indexes) in turn from the last one pulled: first those not
+        found at their end in the last ``_EMPTY_RECHECK_S``, then those."""
+        with self._lock:
+            start = self._next_queue
+        turn = [(start + i) % len(queues) for i in range(len(queues))]
+        since = time.monotonic() - _EMPTY_RECHECK_S
+        recent = {i for i in turn if self._found_empty.get(queues[i], since) > since}
+        return [i for i in turn if i not in recent] + [i for i in turn if i in recent]
 
     def _await_messages(self, queues: list[MessageQueue], timeout_s: float) -> bool | None:
         """Wait on the brokers until one of ``queues`` holds a message past its position (True), at

@@ -203,3 +203,29 @@ def test_a_consumer_polling_a_big_batch_a_few_at_a_time_gets_every_key_in_order(
                                   offset=message.queue_offset)
     verdict = history.check()
     assert verdict.ok and history.delivered_all_acked(), verdict
+
+
+def test_a_backlog_in_one_queue_is_polled_without_pulling_the_caught_up_queues_each_time(
+        broker, admin, topic_name, monkeypatch):
+    """A queue found at its end is pulled again only once the others have nothing (or after
+    ``_EMPTY_RECHECK_S``, made long here): catching up on one queue of 8 takes one pull per poll,
+    not eight. What arrives meanwhile in a caught-up queue still comes: every queue's messages
+    complete and in order."""
+    from connector.client import pull_consumer
+
+    monkeypatch.setattr(pull_consumer, "_EMPTY_RECHECK_S", 3600.0)
+    admin.create_topic(topic_name, 8)
+    got: dict[int, list[str]] = {}
+    with Producer(broker.address) as producer, PullConsumer(broker.address) as consumer:
+        producer.send_batch(topic_name, [{"body": str(i)} for i in range(3_200)], queue_id=5)
+        consumer.assign(topic_name)
+        batch = consumer.poll(32)  # queues 0-4 found empty on the way to 5
+        producer.send(topic_name, "late", queue_id=2)
+        before = served_calls(broker, "PullPort")
+        while batch:
+            for message in batch:
+                got.setdefault(message.queue_id, []).append(message.body.decode())
+            batch = consumer.poll(32)
+        pulls = served_calls(broker, "PullPort") - before
+    assert got == {5: [str(i) for i in range(3_200)], 2: ["late"]}
+    assert pulls <= 3_200 // 32 - 1 + 3 * 8, pulls  # the polls of queue 5, and three passes over every queue
