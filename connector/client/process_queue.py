@@ -48,6 +48,7 @@ class ProcessQueue:
         self.pending_commit: int | None = None
         self.last_pulled: Message | None = None  # what a re-lock checks the broker still holds
         self.boot_id = 0  # the broker start that answered the last pull (0: none yet)
+        self.found_empty_at = 0.0  # when a pull last found the queue at its end (time.monotonic)
 
     def __repr__(self) -> str:
         return (

@@ -53,7 +53,7 @@ from connector.client.messages import (
 from connector.client.offset_store import LocalOffsetStore, RemoteOffsetStore, check_consume_from, start_offset
 from connector.client.process_queue import ProcessQueue
 from connector.client.producer import Producer
-from connector.client.pull_consumer import default_client_id, still_stored
+from connector.client.pull_consumer import EMPTY_RECHECK_S, default_client_id, still_stored
 from connector.client.pull_port import PullLink, PullLinkPool, PullPortFailure
 from connector.client.rebalance import ALLOCATORS, AllocateStrategy
 from connector.client.routed import RoutedConnection
@@ -529,14 +529,14 @@ class PushConsumer(abc.ABC):
                 with self._table_lock:
                     held = list(self.table.values())
                 pqs = [pq for pq in held if self._pullable(pq)]
-                got, self._pass_failed = False, False
-                by_broker = self._by_broker(pqs)
-                for broker, its_pqs in by_broker:
-                    link = links.lease(broker) if broker is not None else None
-                    if link is not None:
-                        got = self._pull_on_link(links, broker, link, its_pqs) or got
-                    else:
-                        got = self._pull_each(its_pqs) or got
+                self._pass_failed = False
+                # Queues found at their end wait their turn while others have messages (EMPTY_RECHECK_S).
+                since = time.monotonic() - EMPTY_RECHECK_S
+                fresh = {pq for pq in pqs if pq.found_empty_at <= since}
+                some = 0 < len(fresh) < len(pqs)
+                got = some and self._pull_pass(links, [pq for pq in pqs if pq in fresh])
+                if not got:  # the others too: every queue is pulled before waiting
+                    got = self._pull_pass(links, [pq for pq in pqs if pq not in fresh] if some else pqs)
                 if got:
                     idle, in_vain = 0.01, False
                     continue
@@ -545,13 +545,25 @@ class PushConsumer(abc.ABC):
                 # a queue ready whose pass found nothing anyway, pause (a pass that moved nothing must
                 # not be repeated at once).
                 caught_up = len(pqs) == len(held) and not self._pass_failed and not in_vain
-                ready = self._await_messages(pqs, by_broker) if caught_up else None
+                ready = self._await_messages(pqs, self._by_broker(pqs)) if caught_up else None
                 in_vain = bool(ready)
                 if ready is None:
                     self._stop.wait(idle)
                     idle = min(idle * 2, self.idle_pull)
         finally:
             links.close()
+
+    def _pull_pass(self, links: PullLinkPool, pqs: list[ProcessQueue]) -> bool:
+        """One pull of each of ``pqs``, over each broker's lean port where it serves one; whether
+        messages came."""
+        got = False
+        for broker, its_pqs in self._by_broker(pqs):
+            link = links.lease(broker) if broker is not None else None
+            if link is not None:
+                got = self._pull_on_link(links, broker, link, its_pqs) or got
+            else:
+                got = self._pull_each(its_pqs) or got
+        return got
 
     def _await_messages(self, pqs: list[ProcessQueue],
                         by_broker: list[tuple[BrokerConnection | None, list[ProcessQueue]]]) -> bool | None:
@@ -647,10 +659,12 @@ class PushConsumer(abc.ABC):
         messages = Message.from_table(codec.decode_many(response.batches), pq.mq.topic, pq.mq.queue_id)
         previous, pq.next_offset = pq.next_offset, response.next_offset
         if messages:
-            pq.last_pulled = messages[-1]
+            pq.last_pulled, pq.found_empty_at = messages[-1], 0.0
             self._dispatch(pq, messages)
             return True
-        if response.next_offset > previous and pq.idle():
+        if response.next_offset == previous:
+            pq.found_empty_at = time.monotonic()
+        elif response.next_offset > previous and pq.idle():
             self._commit(pq, response.next_offset)  # everything up to here was filtered out by tag
         return False
 

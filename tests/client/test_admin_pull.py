@@ -208,12 +208,12 @@ def test_a_consumer_polling_a_big_batch_a_few_at_a_time_gets_every_key_in_order(
 def test_a_backlog_in_one_queue_is_polled_without_pulling_the_caught_up_queues_each_time(
         broker, admin, topic_name, monkeypatch):
     """A queue found at its end is pulled again only once the others have nothing (or after
-    ``_EMPTY_RECHECK_S``, made long here): catching up on one queue of 8 takes one pull per poll,
+    ``EMPTY_RECHECK_S``, made long here): catching up on one queue of 8 takes one pull per poll,
     not eight. What arrives meanwhile in a caught-up queue still comes: every queue's messages
     complete and in order."""
     from connector.client import pull_consumer
 
-    monkeypatch.setattr(pull_consumer, "_EMPTY_RECHECK_S", 3600.0)
+    monkeypatch.setattr(pull_consumer, "EMPTY_RECHECK_S", 3600.0)
     admin.create_topic(topic_name, 8)
     got: dict[int, list[str]] = {}
     with Producer(broker.address) as producer, PullConsumer(broker.address) as consumer:

@@ -75,6 +75,34 @@ def test_pulls_of_every_queue_go_together_over_the_lean_port(fast_broker, topic_
     assert served_calls(fast_broker, "Pull") == grpc_pulls
 
 
+def test_a_backlog_in_one_queue_is_pulled_without_pulling_the_caught_up_queues_each_pass(
+        fast_broker, topic_name, monkeypatch):
+    """Queues a pass found at their end are pulled again only once the others have nothing (or
+    after ``EMPTY_RECHECK_S``, made long here): catching up on one queue of 8 takes one pull a
+    pass, not eight. A message that arrives meanwhile in a caught-up queue still comes; each key's
+    messages complete and in order."""
+    from connector.client import push_consumer
+
+    monkeypatch.setattr(push_consumer, "EMPTY_RECHECK_S", 3600.0)
+    with Admin(fast_broker.address) as admin, Producer(fast_broker.address) as producer:
+        admin.create_topic(topic_name, 8)
+        producer.send_batch(topic_name, [{"key": "hot", "body": str(i)} for i in range(3_200)], queue_id=5)
+        log = OrderLog()
+        before = served_calls(fast_broker, "PullPort")
+        consumer = start_consumer(fast_broker.address, topic_name, "g", log.listener("c1"), "c1",
+                                  pull_threshold_per_queue=10_000)  # the backlog is never held back
+        try:
+            assert wait_until(lambda: log.count() > 0)
+            producer.send(topic_name, "0", key="late", queue_id=2)
+            expected = {"hot": 3_200, "late": 1}
+            assert wait_until(lambda: log.has_all(expected))
+            assert log.check(expected) == 0
+        finally:
+            consumer.shutdown()
+        pulls = served_calls(fast_broker, "PullPort") - before
+    assert pulls <= 3_200 // 128 + 8 * 8, pulls  # queue 5 once a pass, and a few passes over all (216 before)
+
+
 def test_three_instances_join_and_leave_mid_stream(fast_broker, topic_name, record_property):
     address = fast_broker.address
     log = OrderLog()
