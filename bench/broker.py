@@ -164,7 +164,8 @@ def producer_ingest(workdir: Path, seconds: float, rows_per_batch: int = 10_000,
     messages = table
     if dicts:
         keys = [f"order-{n}" for n in range(rows_per_batch)]
-        messages = [{"key": key, "body": body} for key, body in zip(keys, table.column("body").to_pylist(), strict=True)]
+        bodies = table.column("body").to_pylist()
+        messages = [{"key": key, "body": body} for key, body in zip(keys, bodies, strict=True)]
     with BrokerProcess(workdir / ("producer-ingest-dicts" if dicts else "producer-ingest"), "--flush", "async",
                        "--log-level", "WARNING") as broker:
         conn = BrokerConnection(broker.address)

@@ -331,7 +331,8 @@ def run(workdir: Path, quick: bool) -> list[Row]:
             print("Spark's own micro-batch, phases (median ms):",
                   ", ".join(f"{name} {ms:.0f}" for name, ms in floor.items()))
             for distinct_keys in (False, True):
-                figures = sink_task_cpu_ns(broker.address, 200_000 if quick else 1_000_000, 3, distinct_keys=distinct_keys)
+                figures = sink_task_cpu_ns(broker.address, 200_000 if quick else 1_000_000, 3,
+                                           distinct_keys=distinct_keys)
                 for guarantee, ns in figures.items():
                     keys = ", keys that never repeat" if distinct_keys else ""
                     out.append(Row(f"spark sink task: CPU per row written ({guarantee}{keys})", ns, "ns",

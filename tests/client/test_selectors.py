@@ -161,7 +161,9 @@ def test_send_batch_of_dicts_with_text_keys_routes_them_as_a_column_like_send(ro
     check_stored_where_routed_in_order(producer, topic, results, keys, bodies)
 
 
-def check_stored_where_routed_in_order(producer: Producer, topic: str, results, keys: list, bodies: list[bytes]) -> None:
+def check_stored_where_routed_in_order(producer: Producer, topic: str, results, keys: list,
+                                       bodies: list[bytes]) -> None:
+    """Every message where ``queue_for_key`` routes its key, each queue's complete and in input order."""
     expected = [queue_for_key(k, 8) for k in keys]
     assert [r.queue_id for r in results] == expected
     with PullConsumer(producer.connection.address) as consumer:
