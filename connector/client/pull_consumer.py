@@ -14,6 +14,8 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
+from typing import TypeVar
 
 from broker.wire import codec
 from broker.wire.errors import (
@@ -31,8 +33,8 @@ from connector.client.messages import Message, MessageQueue, PullResult, same_st
 from connector.client.pull_port import PullLinkPool, PullPortFailure
 from connector.client.routed import RoutedConnection
 
-__all__ = ["EARLIEST", "EMPTY_RECHECK_S", "LATEST", "PullConsumer", "default_client_id", "message_at",
-           "still_stored"]
+__all__ = ["EARLIEST", "EMPTY_RECHECK_S", "LATEST", "PullConsumer", "default_client_id", "found_empty_last",
+           "message_at", "still_stored"]
 
 log = logging.getLogger(__name__)
 _POLL_PAUSE_S = 0.05  # between rounds of pulls, where the brokers cannot wait for messages themselves
@@ -43,6 +45,20 @@ EMPTY_RECHECK_S = 0.05
 
 EARLIEST = "earliest"
 LATEST = "latest"
+
+T = TypeVar("T")
+
+
+def found_empty_last(queues: list[T], found_empty_at: Callable[[T], float]) -> tuple[list[T], list[T]]:
+    """``queues`` in two parts, each in order: those not found at their end (``found_empty_at``,
+    ``time.monotonic``) in the last ``EMPTY_RECHECK_S``, and those, pulled only when the first
+    part has nothing."""
+    since = time.monotonic() - EMPTY_RECHECK_S
+    fresh: list[T] = []
+    recent: list[T] = []
+    for queue in queues:
+        (recent if found_empty_at(queue) > since else fresh).append(queue)
+    return fresh, recent
 
 
 def message_at(conn: BrokerConnection, topic: str, queue_id: int, offset: int) -> Message | None:
@@ -302,9 +318,8 @@ class PullConsumer:
         with self._lock:
             start = self._next_queue
         turn = [(start + i) % len(queues) for i in range(len(queues))]
-        since = time.monotonic() - EMPTY_RECHECK_S
-        recent = {i for i in turn if self._found_empty.get(queues[i], since) > since}
-        return [i for i in turn if i not in recent] + [i for i in turn if i in recent]
+        fresh, recent = found_empty_last(turn, lambda i: self._found_empty.get(queues[i], 0.0))
+        return fresh + recent
 
     def _await_messages(self, queues: list[MessageQueue], timeout_s: float) -> bool | None:
         """Wait on the brokers until one of ``queues`` holds a message past its position (True), at

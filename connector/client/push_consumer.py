@@ -53,7 +53,7 @@ from connector.client.messages import (
 from connector.client.offset_store import LocalOffsetStore, RemoteOffsetStore, check_consume_from, start_offset
 from connector.client.process_queue import ProcessQueue
 from connector.client.producer import Producer
-from connector.client.pull_consumer import EMPTY_RECHECK_S, default_client_id, still_stored
+from connector.client.pull_consumer import default_client_id, found_empty_last, still_stored
 from connector.client.pull_port import PullLink, PullLinkPool, PullPortFailure
 from connector.client.rebalance import ALLOCATORS, AllocateStrategy
 from connector.client.routed import RoutedConnection
@@ -530,13 +530,13 @@ class PushConsumer(abc.ABC):
                     held = list(self.table.values())
                 pqs = [pq for pq in held if self._pullable(pq)]
                 self._pass_failed = False
-                # Queues found at their end wait their turn while others have messages (EMPTY_RECHECK_S).
-                since = time.monotonic() - EMPTY_RECHECK_S
-                fresh = {pq for pq in pqs if pq.found_empty_at <= since}
-                some = 0 < len(fresh) < len(pqs)
-                got = some and self._pull_pass(links, [pq for pq in pqs if pq in fresh])
-                if not got:  # the others too: every queue is pulled before waiting
-                    got = self._pull_pass(links, [pq for pq in pqs if pq not in fresh] if some else pqs)
+                # Queues found at their end wait their turn while others have messages; every queue
+                # is pulled before waiting.
+                fresh, recent = found_empty_last(pqs, lambda pq: pq.found_empty_at)
+                if fresh and recent:
+                    got = self._pull_pass(links, fresh) or self._pull_pass(links, recent)
+                else:
+                    got = self._pull_pass(links, pqs)
                 if got:
                     idle, in_vain = 0.01, False
                     continue

@@ -81,9 +81,9 @@ def test_a_backlog_in_one_queue_is_pulled_without_pulling_the_caught_up_queues_e
     after ``EMPTY_RECHECK_S``, made long here): catching up on one queue of 8 takes one pull a
     pass, not eight. A message that arrives meanwhile in a caught-up queue still comes; each key's
     messages complete and in order."""
-    from connector.client import push_consumer
+    from connector.client import pull_consumer
 
-    monkeypatch.setattr(push_consumer, "EMPTY_RECHECK_S", 3600.0)
+    monkeypatch.setattr(pull_consumer, "EMPTY_RECHECK_S", 3600.0)  # the consumers' passes use it too
     with Admin(fast_broker.address) as admin, Producer(fast_broker.address) as producer:
         admin.create_topic(topic_name, 8)
         producer.send_batch(topic_name, [{"key": "hot", "body": str(i)} for i in range(3_200)], queue_id=5)
