@@ -112,7 +112,8 @@ class ArrivalWait:
             positions=[pb.QueuePosition(topic=topic, queue_id=queue_id, offset=offset)
                        for topic, queue_id, offset in queues],
             wait_ms=int(timeout_s * 1000), boot_id=boot_id)
-        call = broker.stub.AwaitMessages.future(request, timeout=timeout_s + broker.timeout, metadata=broker.metadata)
+        call = broker.on_current_stub(lambda stub: stub.AwaitMessages.future(
+            request, timeout=timeout_s + broker.timeout, metadata=broker.metadata))
         call.add_done_callback(lambda _call: ended.set())
         return call
 

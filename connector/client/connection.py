@@ -10,7 +10,8 @@ from __future__ import annotations
 import random
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import grpc
 
@@ -24,6 +25,8 @@ from broker.wire.tls import TlsOptions, channel_credentials, channel_options
 
 __all__ = ["MAX_MESSAGE_BYTES", "BrokerConnection", "Credentials", "TlsOptions", "open_channel", "parse_brokers",
            "pb"]
+
+_T = TypeVar("_T")
 
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 CHANNEL_OPTIONS = [
@@ -125,6 +128,21 @@ class BrokerConnection:
                 self._stub = _Stub(self._channel)
             return self._stub
 
+    def on_current_stub(self, start: Callable[[_Stub], _T]) -> _T:
+        """``start(stub)`` (which starts a call) on the channel of the broker this connection points
+        at. Another thread may move the connection to another broker and close the channel between
+        reading the stub and starting the call (gRPC raises ValueError; nothing was sent): the call
+        is started again on the new channel. Whether it moved is read under the lock, as a move
+        closes the channel before it lets go of the stub."""
+        while True:
+            stub = self.stub
+            try:
+                return start(stub)
+            except ValueError:
+                with self._lock:
+                    if stub is self._stub:
+                        raise
+
     def _fail_over(self, error: BaseException | None = None) -> None:
         """Point the channel at another broker: the master ``error`` names when it is a
         ``NotMasterError`` (a broker group), else the next address, if any."""
@@ -175,13 +193,9 @@ class BrokerConnection:
             attempt = timeout or self.timeout
             if deadline is not None:
                 attempt = max(min(attempt, deadline - time.monotonic()), 0.001)
-            stub = self.stub
             try:
-                return getattr(stub, method)(request, timeout=attempt, metadata=self.metadata)
-            except ValueError:
-                if stub is self._stub:
-                    raise
-                continue  # another thread moved this connection to another broker and closed the channel: never sent
+                return self.on_current_stub(
+                    lambda stub, attempt=attempt: getattr(stub, method)(request, timeout=attempt, metadata=self.metadata))
             except grpc.RpcError as err:
                 error = from_rpc_error(err)
                 # A broker group's slave refused before doing anything: any call may go to the master.
@@ -202,13 +216,6 @@ class BrokerConnection:
                 self._fail_over(error)
                 time.sleep(delay * (0.5 + random.random()))
                 delay = min(delay * 2, 1.0)
-
-    def stream(self, method: str, requests, *, timeout: float | None = None):
-        """Open a bidirectional stream (``SendStream``); errors on iteration are translated."""
-        try:
-            yield from getattr(self.stub, method)(requests, timeout=timeout, metadata=self.metadata)
-        except grpc.RpcError as err:
-            raise from_rpc_error(err) from None
 
     def close(self) -> None:
         with self._lock:

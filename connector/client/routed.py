@@ -225,9 +225,6 @@ class RoutedConnection:
         members = sorted({c for answer in answers for c in answer.client_ids})
         return pb.ListConsumersResponse(client_ids=members)
 
-    def stream(self, method: str, requests, *, timeout: float | None = None):
-        return self.bootstrap.stream(method, requests, timeout=timeout)
-
     def close(self) -> None:
         with self._lock:
             groups, self._groups = list(self._groups.values()), {}

@@ -676,14 +676,8 @@ class PipelinedSender:
             return None
 
     def _open_grpc_stream(self, requests: queue_mod.SimpleQueue) -> grpc.Future:
-        while True:
-            stub = self._conn.stub
-            try:
-                return stub.SendStream(self._iterate(requests), metadata=self._conn.metadata)
-            except ValueError:
-                if stub is self._conn.stub:
-                    raise
-                # another thread moved the connection to another broker and closed this channel
+        return self._conn.on_current_stub(lambda stub: stub.SendStream(self._iterate(requests),
+                                                                      metadata=self._conn.metadata))
 
     def _stream_loop(self) -> None:
         delay = 0.05
