@@ -66,6 +66,7 @@ log = logging.getLogger(__name__)
 CLUSTERING = "clustering"
 BROADCASTING = "broadcasting"
 _GROUP_NAME = re.compile(r"^[A-Za-z0-9_.|-]{1,100}$")
+_RESTART_S = 0.5  # pause before running a failed loop again
 _AWAIT_S = 10.0  # one wait on the brokers for the next message; a new assignment ends it at once
 
 
@@ -224,9 +225,22 @@ class PushConsumer(abc.ABC):
             self.shutdown()
             raise
         for name, target in self._thread_targets():
-            thread = threading.Thread(target=target, name=f"orderlymq-{name}-{self.group}", daemon=True)
+            thread = threading.Thread(target=self._run_surviving, args=(name, target),
+                                      name=f"orderlymq-{name}-{self.group}", daemon=True)
             thread.start()
             self._threads.append(thread)
+
+    def _run_surviving(self, name: str, loop: Callable[[], None]) -> None:
+        """Run one of the consumer's loops until shutdown. One that fails unexpectedly is logged and
+        run again: its thread dying would stop what it does (pulling every queue held, renewing
+        their locks, committing) without a word."""
+        while not self._stop.is_set():
+            try:
+                loop()
+                return
+            except Exception:  # noqa: BLE001 - the loop must outlive any failure
+                log.exception("consumer %s: its %s loop failed; running it again", self.client_id, name)
+                self._stop.wait(_RESTART_S)
 
     @abc.abstractmethod
     def _prepare(self) -> None:

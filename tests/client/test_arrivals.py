@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 
 from connector.client import Admin, Producer, PullConsumer
+from connector.client.arrivals import ArrivalWait
 from tests.support import served_calls, wait_until
 
 from .helpers import OrderLog, send_keyed
@@ -61,3 +62,30 @@ def test_a_consumer_of_a_broker_without_await_messages_pulls_after_pauses(tmp_pa
         _consume_trickle(old.address, topic_name, 2, 3)
     finally:
         old.stop()
+
+
+def test_a_pull_loop_that_fails_unexpectedly_runs_again(fast_broker, topic_name, monkeypatch, caplog):
+    """The consumer's pull thread once died of an error its loop did not expect (gRPC's "Channel
+    closed" from a wait), and its queues were never pulled again: the loop now runs again."""
+    raised: list[RuntimeError] = []
+    wait = ArrivalWait.wait
+
+    def failing_once(self, positions, timeout_s):
+        if not raised:
+            raised.append(RuntimeError("an unexpected failure of a wait"))
+            raise raised[0]
+        return wait(self, positions, timeout_s)
+
+    monkeypatch.setattr(ArrivalWait, "wait", failing_once)
+    with Admin(fast_broker.address) as admin, Producer(fast_broker.address) as producer:
+        admin.create_topic(topic_name, 4)
+        log = OrderLog()
+        consumer = start_consumer(fast_broker.address, topic_name, "g", log.listener("c1"), "c1")
+        try:
+            assert wait_until(lambda: raised and len(consumer.table) == 4)
+            sent = send_keyed(producer, topic_name, [f"order-{i}" for i in range(8)], 25)
+            assert wait_until(lambda: log.has_all(sent), timeout=30)
+            assert log.check(sent) == 0
+        finally:
+            consumer.shutdown()
+    assert "its pull loop failed; running it again" in caplog.text
