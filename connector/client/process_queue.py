@@ -53,7 +53,8 @@ class ProcessQueue:
     def __repr__(self) -> str:
         return (
             f"ProcessQueue({self.mq}, next={self.next_offset}, epoch={self.epoch}, locked={self.locked}, "
-            f"dropped={self.dropped}, buffered={len(self._buffer)}, consuming={len(self._consuming)})"
+            f"dropped={self.dropped}, buffered={len(self._buffer)}, consuming={len(self._consuming)}, "
+            f"scheduled={self.scheduled}, committed={self.committed_offset}, lost={self.lost is not None})"
         )
 
     # -- lock state ----------------------------------------------------------------------------

@@ -28,10 +28,12 @@ from tests.faults.fault_profile import PROFILE
 from tests.faults.workload import (
     KeyedProducer,
     ack_stall,
+    consumer_states,
     keyed_producers,
     shutdown_all,
     start_orderly_group,
     stored_deliveries,
+    undelivered_where,
 )
 from tests.support import wait_until
 
@@ -190,16 +192,20 @@ def test_rolling_restart_of_every_broker_under_load(broker_group, fault_report):
         time.sleep(PROFILE.cycle_seconds)
         _stop(producers)
         caught_up = wait_until(history.delivered_all_acked, timeout=120)
+        states = [] if caught_up else consumer_states(consumers)
     finally:
         _stop(producers)
         shutdown_all(consumers)
     with BrokerConnection(group.addresses) as conn:
-        log = check(history.sends, stored_deliveries(conn, TOPIC))
+        stored = stored_deliveries(conn, TOPIC)
+    log = check(history.sends, stored)
     consumed = history.check()
     fault_report("cluster: rolling restart of every broker under load", {"log": log, "consumed": consumed},
                  back_in_sync_set_s=back_s, longest_ack_stall_s=stalls, epochs_after_each=epochs,
                  send_failures=sum(len(p.failures) for p in producers))
     assert log.ok, str(log)
-    assert caught_up and consumed.lost == 0, str(consumed)
+    assert caught_up and consumed.lost == 0, (
+        f"{consumed}\nnever delivered, per queue (count, first, last offset): "
+        f"{undelivered_where(stored, consumed.lost_messages)}\nconsumers when the wait ended: {states}")
     assert consumed.out_of_order == 0 and consumed.unexpected == 0, str(consumed)
 

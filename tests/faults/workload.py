@@ -179,6 +179,22 @@ def shutdown_all(consumers: list[OrderlyConsumer]) -> None:
         consumer.shutdown()
 
 
+def consumer_states(consumers: list[OrderlyConsumer]) -> list[str]:
+    """Each consumer's queues as they stand (position, lock, buffered): why a queue stopped."""
+    return [f"{consumer.client_id}: {sorted(map(repr, consumer.table.values()))}" for consumer in consumers]
+
+
+def undelivered_where(stored: list[Delivery], lost: list[tuple[str, int]]) -> dict[int, tuple[int, int, int]]:
+    """Where in the log the messages never delivered sit: per queue, (count, first, last offset)."""
+    missing = set(lost)
+    where: dict[int, tuple[int, int, int]] = {}
+    for d in stored:
+        if (d.key, d.seq) in missing:
+            count, first, last = where.get(d.queue_id, (0, d.offset, d.offset))
+            where[d.queue_id] = (count + 1, min(first, d.offset), max(last, d.offset))
+    return where
+
+
 def stored_deliveries(conn: BrokerConnection, topic: str) -> list[Delivery]:
     """Every message stored in ``topic`` (from the first offset retention left), queue by queue
     in offset order, as deliveries."""
