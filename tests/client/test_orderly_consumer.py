@@ -156,8 +156,10 @@ def appending_listener(path: Path, client: str):
 
 
 def parse_consumed(path: Path) -> OrderLog:
+    """The log so far: its complete lines (a consumer may be writing the next one meanwhile)."""
     log = OrderLog()
-    for line in path.read_text().splitlines():
+    text = path.read_text()
+    for line in text[:text.rfind("\n") + 1].splitlines():
         client, key, seq, qid, offset = line.split()
         log.entries.append((client, key, int(seq), int(qid), int(offset)))
     return log
