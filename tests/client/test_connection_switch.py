@@ -4,34 +4,44 @@ must go to a broker, never fail because the channel it picked was closed under i
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 from connector.client import Admin, Producer
 from connector.client.arrivals import ArrivalWait
 from connector.client.connection import BrokerConnection, pb
 
 
-def test_calls_survive_the_channel_switching_under_them(broker_factory):
-    first, second = broker_factory(), broker_factory()
+def _use_while_switching(first, second, use: Callable[[BrokerConnection], object]
+                         ) -> tuple[list[BaseException], list[object]]:
+    """Four threads ``use`` one connection over and over while it switches between ``first`` and
+    ``second`` 400 times: what they raised, and what they got back."""
     failures: list[BaseException] = []
+    outcomes: list[object] = []
     stop = threading.Event()
     with BrokerConnection(f"{first.address},{second.address}", timeout=10, retry_timeout=10) as conn:
 
-        def call_all_along() -> None:
+        def use_all_along() -> None:
             while not stop.is_set():
                 try:
-                    conn.call("Health", pb.HealthRequest())
+                    outcomes.append(use(conn))
                 except BaseException as exc:  # noqa: BLE001 - recorded for the assertion
                     failures.append(exc)
                     return
 
-        callers = [threading.Thread(target=call_all_along) for _ in range(4)]
-        for caller in callers:
-            caller.start()
+        users = [threading.Thread(target=use_all_along) for _ in range(4)]
+        for user in users:
+            user.start()
         for i in range(400):
             conn.follow((first, second)[i % 2].address)
         stop.set()
-        for caller in callers:
-            caller.join()
+        for user in users:
+            user.join()
+    return failures, outcomes
+
+
+def test_calls_survive_the_channel_switching_under_them(broker_factory):
+    failures, _ = _use_while_switching(broker_factory(), broker_factory(),
+                                       lambda conn: conn.call("Health", pb.HealthRequest()))
     assert failures == []
 
 
@@ -44,28 +54,8 @@ def test_waits_for_messages_survive_the_channel_switching_under_them(broker_fact
             admin.create_topic("orders", 1)
         with Producer(broker.address) as producer:
             producer.send("orders", b"there already", key="k")
-    failures: list[BaseException] = []
-    ready_seen = []
-    stop = threading.Event()
-    with BrokerConnection(f"{first.address},{second.address}", timeout=10, retry_timeout=10) as conn:
-
-        def wait_all_along() -> None:
-            arrivals = ArrivalWait()
-            while not stop.is_set():
-                try:
-                    ready = arrivals.wait([(conn, 0, [("orders", 0, 0)])], 5.0)
-                except BaseException as exc:  # noqa: BLE001 - recorded for the assertion
-                    failures.append(exc)
-                    return
-                ready_seen.append(ready)
-
-        waiters = [threading.Thread(target=wait_all_along) for _ in range(4)]
-        for waiter in waiters:
-            waiter.start()
-        for i in range(400):
-            conn.follow((first, second)[i % 2].address)
-        stop.set()
-        for waiter in waiters:
-            waiter.join()
+    arrivals = ArrivalWait()
+    failures, ready = _use_while_switching(first, second,
+                                           lambda conn: arrivals.wait([(conn, 0, [("orders", 0, 0)])], 5.0))
     assert failures == []
-    assert True in ready_seen and set(ready_seen) <= {True, None}
+    assert True in ready and set(ready) <= {True, None}
