@@ -194,8 +194,8 @@ class BrokerConnection:
             if deadline is not None:
                 attempt = max(min(attempt, deadline - time.monotonic()), 0.001)
             try:
-                return self.on_current_stub(
-                    lambda stub, attempt=attempt: getattr(stub, method)(request, timeout=attempt, metadata=self.metadata))
+                return self.on_current_stub(lambda stub, attempt=attempt: getattr(stub, method)(
+                    request, timeout=attempt, metadata=self.metadata))
             except grpc.RpcError as err:
                 error = from_rpc_error(err)
                 # A broker group's slave refused before doing anything: any call may go to the master.
