@@ -181,7 +181,8 @@ def shutdown_all(consumers: list[OrderlyConsumer]) -> None:
 
 def consumer_states(consumers: list[OrderlyConsumer]) -> list[str]:
     """Each consumer's queues as they stand (position, lock, buffered): why a queue stopped."""
-    return [f"{consumer.client_id}: {sorted(map(repr, consumer.table.values()))}" for consumer in consumers]
+    # list() copies the table in one step, while the consumer's threads may change it
+    return [f"{consumer.client_id}: {sorted(map(repr, list(consumer.table.values())))}" for consumer in consumers]
 
 
 def undelivered_where(stored: list[Delivery], lost: list[tuple[str, int]]) -> dict[int, tuple[int, int, int]]:
