@@ -217,6 +217,9 @@ class LockKeeper:
             except OrderlyMQError as exc:  # the route could not be read: try again next round
                 log.warning("renewing queue locks of %s failed: %s", self.client_id, exc)
                 lease_s = None
+            except Exception:  # noqa: BLE001 - were this thread to end, every lock it renews would lapse
+                log.exception("renewing queue locks of %s failed unexpectedly; trying again", self.client_id)
+                lease_s = None
             wait = MAX_RENEW_S if lease_s is None else min(MAX_RENEW_S, max(_MIN_RENEW_S, lease_s / 3))
 
     def renew(self, group: str | None = None) -> float | None:

@@ -56,3 +56,5 @@ class KeepAlive:
                 self._refresh()
             except OrderlyMQError as exc:  # the task's own next send reports what is wrong
                 log.warning("could not refresh the task's transactions: %s", exc)
+            except Exception:  # noqa: BLE001 - were this thread to end, the transactions would time out
+                log.exception("refreshing the task's transactions failed unexpectedly; trying again")

@@ -11,6 +11,7 @@ from connector.client import locking
 from connector.client.connection import BrokerConnection, pb
 from connector.spark.locks import LockKeeper
 from tests.spark.helpers import create_topic, keyed_events, produce
+from tests.support import wait_until
 
 
 def commit(conn, client_id, epoch, offset, topic, group="g"):
@@ -105,3 +106,30 @@ def test_the_warden_releases_the_locks_of_a_reader_process_that_died(broker, top
         assert reader.wait(timeout=60) == 9
         # Released by the warden, not expired: the broker's lease is 60 s.
         assert wait_until(lambda: not holders(), 20), holders()
+
+
+def test_renewal_goes_on_after_an_unexpected_failure(broker, topic_name, monkeypatch, caplog):
+    """The renewal thread ended on any error but the broker's own, and every lock it renewed
+    then lapsed under a running query: it now tries again at its next round."""
+    conn = BrokerConnection(broker.address)
+    create_topic(conn, topic_name, 1)
+    keeper = LockKeeper(conn, "g", "me", 1000)
+    renew, raised, renewed = keeper.renew, [], []
+
+    def failing_once(group=None):
+        if not raised:
+            raised.append(RuntimeError("an unexpected failure of a renewal"))
+            raise raised[0]
+        renewed.append(renew(group))
+        return renewed[-1]
+
+    monkeypatch.setattr(keeper, "renew", failing_once)
+    epoch = keeper.epochs([(topic_name, 0)])[(topic_name, 0)]
+    try:
+        assert wait_until(lambda: renewed, timeout=30)
+        assert "failed unexpectedly; trying again" in caplog.text
+        locks = conn.call("QueryLocks", pb.QueryLocksRequest(group="g", topic=topic_name)).locks
+        assert [(lock.client_id, lock.epoch) for lock in locks if lock.queue_id == 0] == [("me", epoch)]
+    finally:
+        keeper.release()
+        conn.close()
