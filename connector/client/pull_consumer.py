@@ -46,16 +46,16 @@ EMPTY_RECHECK_S = 0.05
 EARLIEST = "earliest"
 LATEST = "latest"
 
-T = TypeVar("T")
+_T = TypeVar("_T")
 
 
-def found_empty_last(queues: list[T], found_empty_at: Callable[[T], float]) -> tuple[list[T], list[T]]:
+def found_empty_last(queues: list[_T], found_empty_at: Callable[[_T], float]) -> tuple[list[_T], list[_T]]:
     """``queues`` in two parts, each in order: those not found at their end (``found_empty_at``,
     ``time.monotonic``) in the last ``EMPTY_RECHECK_S``, and those, pulled only when the first
     part has nothing."""
     since = time.monotonic() - EMPTY_RECHECK_S
-    fresh: list[T] = []
-    recent: list[T] = []
+    fresh: list[_T] = []
+    recent: list[_T] = []
     for queue in queues:
         (recent if found_empty_at(queue) > since else fresh).append(queue)
     return fresh, recent

@@ -547,10 +547,7 @@ class PushConsumer(abc.ABC):
                 # Queues found at their end wait their turn while others have messages; every queue
                 # is pulled before waiting.
                 fresh, recent = found_empty_last(pqs, lambda pq: pq.found_empty_at)
-                if fresh and recent:
-                    got = self._pull_pass(links, fresh) or self._pull_pass(links, recent)
-                else:
-                    got = self._pull_pass(links, pqs)
+                got = self._pull_pass(links, fresh) or self._pull_pass(links, recent)
                 if got:
                     idle, in_vain = 0.01, False
                     continue
@@ -559,7 +556,7 @@ class PushConsumer(abc.ABC):
                 # a queue ready whose pass found nothing anyway, pause (a pass that moved nothing must
                 # not be repeated at once).
                 caught_up = len(pqs) == len(held) and not self._pass_failed and not in_vain
-                ready = self._await_messages(pqs, self._by_broker(pqs)) if caught_up else None
+                ready = self._await_messages(pqs) if caught_up else None
                 in_vain = bool(ready)
                 if ready is None:
                     self._stop.wait(idle)
@@ -579,8 +576,7 @@ class PushConsumer(abc.ABC):
                 got = self._pull_each(its_pqs) or got
         return got
 
-    def _await_messages(self, pqs: list[ProcessQueue],
-                        by_broker: list[tuple[BrokerConnection | None, list[ProcessQueue]]]) -> bool | None:
+    def _await_messages(self, pqs: list[ProcessQueue]) -> bool | None:
         """Caught up on every queue held: wait on the brokers for the next message (``ArrivalWait``);
         None when they cannot wait, or a queue stopped being pullable during the pass (dropped,
         lost): the loop pauses instead."""
@@ -588,7 +584,7 @@ class PushConsumer(abc.ABC):
             return None
         positions = [(broker, common_start(pq.boot_id for pq in its_pqs),
                       [(pq.mq.topic, pq.mq.queue_id, pq.next_offset) for pq in its_pqs])
-                     for broker, its_pqs in by_broker]
+                     for broker, its_pqs in self._by_broker(pqs)]
         return self._arrivals.wait(positions, _AWAIT_S)
 
     def _by_broker(self, pqs: list[ProcessQueue]) -> list[tuple[BrokerConnection | None, list[ProcessQueue]]]:
