@@ -21,6 +21,7 @@ import pyarrow as pa
 
 from bench.ceiling import CeilingProcess, ceiling_channel, push_callable
 from bench.report import Row, cpu_seconds, in_turn, medians, percentile, round_ratios
+from bench.scratch_broker import ScratchBroker
 from broker.launcher import BrokerProcess
 from broker.storage.page_cache import AUTO, window_bytes
 from broker.wire import codec
@@ -75,7 +76,7 @@ def ingest(workdir: Path, seconds: float, flush: str, rows_per_batch: int = 10_0
     payload = make_batch(rows_per_batch, body_bytes)
     requests = [encode_send_request("bench", queue, payload) for queue in range(queues)]
     os.sync()  # each run starts with no earlier run's writes still to go to disk
-    with BrokerProcess(workdir / f"ingest-{flush}-{queues}-{body_bytes}-{threads}-{uuid.uuid4().hex[:6]}", "--flush",
+    with ScratchBroker(workdir / f"ingest-{flush}-{queues}-{body_bytes}-{threads}-{uuid.uuid4().hex[:6]}", "--flush",
                        flush, "--log-level", "WARNING") as broker:
         conn = BrokerConnection(broker.address)
         conn.call("CreateTopic", pb.CreateTopicRequest(topic="bench", queue_count=queues))
@@ -166,7 +167,7 @@ def producer_ingest(workdir: Path, seconds: float, rows_per_batch: int = 10_000,
         keys = [f"order-{n}" for n in range(rows_per_batch)]
         bodies = table.column("body").to_pylist()
         messages = [{"key": key, "body": body} for key, body in zip(keys, bodies, strict=True)]
-    with BrokerProcess(workdir / ("producer-ingest-dicts" if dicts else "producer-ingest"), "--flush", "async",
+    with ScratchBroker(workdir / ("producer-ingest-dicts" if dicts else "producer-ingest"), "--flush", "async",
                        "--log-level", "WARNING") as broker:
         conn = BrokerConnection(broker.address)
         conn.call("CreateTopic", pb.CreateTopicRequest(topic="bench", queue_count=queues))
@@ -204,7 +205,7 @@ def _check_key_offsets(keys: list, results: list) -> None:
 def sync_sends(workdir: Path, seconds: float, flush: str = "sync") -> tuple[float, float]:
     """Strict send-and-wait of one-message batches from one thread: (sends/s, ceiling calls/s)."""
     payload = make_batch(1)
-    with BrokerProcess(workdir / f"sync-{flush}", "--flush", flush, "--log-level", "WARNING") as broker:
+    with ScratchBroker(workdir / f"sync-{flush}", "--flush", flush, "--log-level", "WARNING") as broker:
         conn = BrokerConnection(broker.address)
         conn.call("CreateTopic", pb.CreateTopicRequest(topic="bench", queue_count=1))
         request = pb.SendRequest(topic="bench", queue_id=0, batch=payload)
@@ -253,7 +254,7 @@ def backlog_pull(workdir: Path, messages: int, queues: int = 8) -> dict:
     rows = 10_000
     payload = make_batch(rows)
     rss_write, rss_read = [], []
-    with BrokerProcess(workdir / "backlog", "--flush", "async", "--log-level", "WARNING") as broker:
+    with ScratchBroker(workdir / "backlog", "--flush", "async", "--log-level", "WARNING") as broker:
         conn = BrokerConnection(broker.address)
         conn.call("CreateTopic", pb.CreateTopicRequest(topic="backlog", queue_count=queues))
         for i in range(messages // rows):
@@ -362,7 +363,7 @@ def small_records_pull(workdir: Path, messages: int, queues: int = 8, segment_mi
         count, as_written = _pull_all(broker.address, "small", queues)
     config.write_text(f"[broker]\nsegment_bytes = {segment_mib << 20}\ncompact_interval_ms = 200\n")
     segments = sorted((data / "topics" / "small").glob("*/*.log"))
-    with BrokerProcess(data, "--config", str(config), "--flush", "async", "--log-level", "WARNING") as broker:
+    with ScratchBroker(data, "--config", str(config), "--flush", "async", "--log-level", "WARNING") as broker:
         t0 = time.perf_counter()
         while not _merged(data / "topics" / "small") and time.perf_counter() - t0 < 300:
             time.sleep(0.2)
@@ -392,7 +393,7 @@ def long_poll_latency(workdir: Path, samples: int, clients: bool = False) -> tup
     Checks that the messages came in the order sent."""
     from connector.client import Producer, PullConsumer
 
-    with BrokerProcess(workdir / f"latency-{clients}", "--log-level", "WARNING") as broker, \
+    with ScratchBroker(workdir / f"latency-{clients}", "--log-level", "WARNING") as broker, \
             Producer(broker.address) as producer, PullConsumer(broker.address) as pull_consumer:
         conn = BrokerConnection(broker.address)
         conn.call("CreateTopic", pb.CreateTopicRequest(topic="lat", queue_count=1))
@@ -449,7 +450,7 @@ def trickle_delivery(workdir: Path, samples: int, interval_s: float, orderly: bo
     )
 
     what = "orderly trickle" if orderly else "concurrent trickle"
-    with BrokerProcess(workdir / what.replace(" ", "-"), "--log-level", "WARNING") as broker:
+    with ScratchBroker(workdir / what.replace(" ", "-"), "--log-level", "WARNING") as broker:
         conn = BrokerConnection(broker.address)
         conn.call("CreateTopic", pb.CreateTopicRequest(topic="trickle", queue_count=queues))
         conn.close()
@@ -500,7 +501,7 @@ def pipelined_sends(workdir: Path, messages: int, queues: int = 8, callbacks: bo
         acked[future.exception() is None] += 1
 
     name = f"pipelined{'-callbacks' if callbacks else ''}-{uuid.uuid4().hex[:6]}"
-    with BrokerProcess(workdir / name, "--flush", "async", "--log-level", "WARNING") as broker:
+    with ScratchBroker(workdir / name, "--flush", "async", "--log-level", "WARNING") as broker:
         conn = BrokerConnection(broker.address)
         conn.call("CreateTopic", pb.CreateTopicRequest(topic="pipe", queue_count=queues))
         body = b"x" * (BODY_BYTES - 8)
@@ -547,7 +548,7 @@ def _consume_backlog(workdir: Path, messages: int, queues: int, orderly: bool) -
     )
 
     what = "orderly consume" if orderly else "concurrent consume"
-    with BrokerProcess(workdir / what.replace(" ", "-"), "--flush", "async", "--log-level", "WARNING") as broker:
+    with ScratchBroker(workdir / what.replace(" ", "-"), "--flush", "async", "--log-level", "WARNING") as broker:
         _numbered_backlog(broker.address, "consume", queues, messages)
         seen: dict[str, list[int]] = {}
         done = threading.Event()
@@ -583,7 +584,7 @@ def pull_consumer_poll(workdir: Path, messages: int, queues: int = 8) -> tuple[f
 
     from connector.client import PullConsumer
 
-    with BrokerProcess(workdir / "poll", "--log-level", "WARNING") as broker:
+    with ScratchBroker(workdir / "poll", "--log-level", "WARNING") as broker:
         _numbered_backlog(broker.address, "poll", queues, messages)
         seen: dict[str, list[int]] = {}
         server = psutil.Process(broker.pid)
@@ -648,7 +649,7 @@ def concurrent_sync_sends(workdir: Path, seconds: float, threads: int = 8, flush
     """``threads`` senders, each sending one message at a time and waiting for its ack, each on its
     own key and queue (the way RocketMQ's benchmark drives ordered sync sends). Checks that every
     key's messages are all stored, in order. Returns sends/s."""
-    with BrokerProcess(workdir / f"sync-threads-{flush}", "--flush", flush, "--log-level", "WARNING") as broker:
+    with ScratchBroker(workdir / f"sync-threads-{flush}", "--flush", flush, "--log-level", "WARNING") as broker:
         conn = BrokerConnection(broker.address)
         conn.call("CreateTopic", pb.CreateTopicRequest(topic="ordered", queue_count=threads))
         stub = conn.stub
@@ -678,7 +679,7 @@ def producer_sync_sends(workdir: Path, seconds: float, threads: int = 1) -> floa
     message is stored once and each key's in order. Returns sends/s."""
     from connector.client import Producer
 
-    with BrokerProcess(workdir / f"producer-sync-{threads}", "--flush", "async", "--log-level", "WARNING") as broker:
+    with ScratchBroker(workdir / f"producer-sync-{threads}", "--flush", "async", "--log-level", "WARNING") as broker:
         conn = BrokerConnection(broker.address)
         conn.call("CreateTopic", pb.CreateTopicRequest(topic="sync", queue_count=8))
         body = b"x" * (BODY_BYTES - 8)
@@ -707,7 +708,7 @@ def many_clients(workdir: Path, quick: bool) -> list[Row]:
     from bench.crowd import run_crowd
 
     crowd = 1_000 if quick else 4_000
-    with BrokerProcess(workdir / "many-clients", "--log-level", "WARNING") as broker:
+    with ScratchBroker(workdir / "many-clients", "--log-level", "WARNING") as broker:
         figures = run_crowd(broker.address, streams=crowd, polls=crowd, pair_messages=1_000 if quick else 10_000)
     summary = figures.summary()
     if not (figures.stood and figures.verdict.ok and not (figures.crowd_errors or figures.pair_errors

@@ -146,10 +146,10 @@ def _consumed_ok(what: str, expected: dict[str, int], delivered: list[tuple[str,
 
 @contextmanager
 def _orderlymq(workdir: Path, sizes: Sizes) -> Iterator[_Peer]:
-    from broker.launcher import BrokerProcess
+    from bench.scratch_broker import ScratchBroker
     from connector.client import Admin, Producer, PullConsumer
 
-    with BrokerProcess(workdir / "peer-orderlymq", "--flush", "async", "--log-level", "WARNING") as broker:
+    with ScratchBroker(workdir / "peer-orderlymq", "--flush", "async", "--log-level", "WARNING") as broker:
         with Admin(broker.address) as admin:
             admin.create_topic("bench", STREAMS)
             admin.create_topic("sync", STREAMS)

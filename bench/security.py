@@ -22,6 +22,7 @@ import psutil
 from bench import secure_replication
 from bench.broker import _timed_threads, make_batch
 from bench.report import Row, cpu_seconds
+from bench.scratch_broker import ScratchBroker
 from broker.launcher import BrokerProcess
 from broker.security.acl import AclDocument, Rule, save_acl
 from broker.security.guard import AccessGuard
@@ -120,7 +121,7 @@ def run(workdir: Path, quick: bool) -> list[Row]:
     for round_ in range(rounds):
         for mode in MODES[round_ % len(MODES):] + MODES[:round_ % len(MODES)]:  # each mode leads a round
             data = workdir / f"{mode.replace(' ', '').replace('+', '-')}-{round_}"
-            with BrokerProcess(data, "--flush", "async", "--log-level", "WARNING", *flags[mode]) as broker:
+            with ScratchBroker(data, "--flush", "async", "--log-level", "WARNING", *flags[mode]) as broker:
                 with _connect(broker, mode, tls) as conn:
                     for workload, measure in (("batched produce", _batched), ("sync sends", _sync)):
                         measure(conn, 0.5)  # warm up: channel, handshake, first segment files

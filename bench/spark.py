@@ -19,7 +19,7 @@ import pyarrow as pa
 from bench.broker import BODY_BYTES, make_batch, make_table
 from bench.memsource import DiscardSink, MemSource
 from bench.report import Row, in_turn, medians, percentile, round_ratios
-from broker.launcher import BrokerProcess
+from bench.scratch_broker import ScratchBroker
 from broker.wire import codec
 from broker.wire.routing import queue_ids
 from connector.client.connection import BrokerConnection, pb
@@ -280,7 +280,7 @@ def run(workdir: Path, quick: bool) -> list[Row]:
     rows_total = 200_000 if quick else 4_000_000
     rounds = 1 if quick else 5  # a figure and its ceiling measured in turn, medians: rounds spread widely here
     out: list[Row] = []
-    with BrokerProcess(workdir / "spark-bench", "--log-level", "WARNING") as broker:
+    with ScratchBroker(workdir / "spark-bench", "--log-level", "WARNING") as broker:
         conn = BrokerConnection(broker.address)
         _prefill(conn, "bench-src", rows_total)
         # An uncounted round of each comparison warms the Python workers of every path. A full run's is
