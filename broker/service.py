@@ -276,7 +276,7 @@ class BrokerService:
         # A producer id makes the staged send idempotent: its sequence numbers it in the transaction.
         sequence = request.sequence if request.producer_id else None
         with self._txn_changes() as record:
-            staged = self.txns.stage(request.txn_id, request.topic, request.queue_id, body, sequence)
+            staged = self.txns.stage(request.txn_id, request.topic, request.queue_id, body, sequence, count)
             if staged and self.cluster is not None:  # only the group's slaves read the payload from the change
                 record(pb.TxnChange(kind=pb.TxnChange.STAGE, txn_id=request.txn_id, topic=request.topic,
                                     queue_id=request.queue_id, payload=bytes(body)))
@@ -422,11 +422,8 @@ class BrokerService:
                 record(prepare_change(txn_id, starts))
         if already:
             return True, 0
-        per_queue: dict[tuple[str, int], list[memoryview]] = defaultdict(list)
-        for topic, queue_id, payload in staged:
-            per_queue[(topic, queue_id)].append(payload)
-        appends = [functools.partial(self._append_staged, txn_id, queue, payloads, starts.get(queue))
-                   for queue, payloads in per_queue.items()]
+        appends = [functools.partial(self._append_staged, txn_id, queue, payloads, rows, starts.get(queue))
+                   for queue, (payloads, rows) in _by_queue(staged, self.txns.staged_rows(txn_id)).items()]
         if len(appends) > 1 and sum(len(payload) for _, _, payload in staged) >= _PARALLEL_COMMIT_BYTES:
             count = sum(_all_done(self._commit_pool, appends))
         else:
@@ -439,12 +436,12 @@ class BrokerService:
     def _queue_ends(self, queues: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
         return {(topic, queue_id): self.store.queue(topic, queue_id).max_offset for topic, queue_id in queues}
 
-    def _append_staged(self, txn_id: str, queue: tuple[str, int], payloads: list[memoryview],
+    def _append_staged(self, txn_id: str, queue: tuple[str, int], payloads: list[memoryview], rows: int | None,
                        start: int | None) -> int:
-        """One queue's part of a commit (appended once: looked for from ``start`` when the queue
-        no longer remembers the transaction); its message count."""
+        """One queue's part of a commit of ``rows`` messages, where known (appended once: looked for
+        from ``start`` when the queue no longer remembers the transaction); its message count."""
         topic, queue_id = queue
-        parts, rows = codec.join_records(payloads)  # staged sends are message_batch bodies, like records
+        parts, rows = codec.join_records(payloads, rows)  # staged sends are message_batch bodies, like records
         result = self.store.queue(topic, queue_id).append(parts, rows, f"txn:{txn_id}", 0, since=start,
                                                           admit=self._still_master, burst=True)
         if self.cluster is not None:
@@ -543,6 +540,21 @@ class BrokerService:
         self.locks.close()
         self.metrics.close()
         self._dir_lock.release()
+
+
+def _by_queue(staged: list[tuple[str, int, memoryview]], rows: list[int] | None
+              ) -> dict[tuple[str, int], tuple[list[memoryview], int | None]]:
+    """A commit's staged sends per queue, in send order, with the messages they hold where ``rows``
+    (per send) tells."""
+    if rows is not None and len(rows) != len(staged):
+        rows = None
+    payloads: dict[tuple[str, int], list[memoryview]] = defaultdict(list)
+    counts: dict[tuple[str, int], int] = defaultdict(int)
+    for i, (topic, queue_id, payload) in enumerate(staged):
+        payloads[(topic, queue_id)].append(payload)
+        if rows is not None:
+            counts[(topic, queue_id)] += rows[i]
+    return {queue: (parts, counts[queue] if rows is not None else None) for queue, parts in payloads.items()}
 
 
 def _all_done(pool: futures.Executor, calls: list[Callable[[], int]]) -> list[int]:

@@ -130,6 +130,9 @@ class TransactionManager:
         self._txns: dict[str, dict[str, Any]] = {}
         self._activity: dict[str, int] = {}  # OPEN ids -> last activity (steady ms)
         self._staged_counts: dict[str, int] = {}  # OPEN and COMMITTING ids -> sends staged
+        # Ids begun by this process -> the messages in each send staged, while every send told its count:
+        # a commit then need not read the staged payloads' batches to count them.
+        self._staged_rows: dict[str, list[int]] = {}
         self._finished: OrderedDict[str, int] = OrderedDict()  # finished ids, oldest first
         self._journal_records = 0
         replayed = self._load()
@@ -166,6 +169,7 @@ class TransactionManager:
                 self._record([(txn_id, rec)])
                 self._activity[txn_id] = self._steady()
                 self._staged_counts[txn_id] = 0
+                self._staged_rows[txn_id] = []
                 return OPEN
             if rec["state"] == OPEN:
                 if self._idle_expired(txn_id, rec):
@@ -182,8 +186,10 @@ class TransactionManager:
             rec = self._txns.get(txn_id)
             return 0 if rec is None else rec["timeout_ms"]
 
-    def stage(self, txn_id: str, topic: str, queue_id: int, payload: bytes, sequence: int | None = None) -> bool:
-        """Append one send (an Arrow IPC payload for ``topic``/``queue_id``), durable on return.
+    def stage(self, txn_id: str, topic: str, queue_id: int, payload: bytes, sequence: int | None = None,
+              rows: int | None = None) -> bool:
+        """Append one send (an Arrow IPC payload for ``topic``/``queue_id``, of ``rows`` messages
+        where the caller knows: ``staged_rows``), durable on return.
 
         With ``sequence`` (the send's number in the transaction, from 0) the send is idempotent: one
         numbered below the count already staged is a resend of a staged one and is not staged again,
@@ -232,6 +238,11 @@ class TransactionManager:
                 self._files.append(staged_file_name(txn_id), parts)
             with self._mutex:
                 self._staged_counts[txn_id] = count + 1
+                known = self._staged_rows.get(txn_id)
+                if known is not None and rows is not None:
+                    known.append(rows)
+                else:
+                    self._staged_rows.pop(txn_id, None)
             return True
 
     def prepare_commit(self, txn_id: str, ends: Callable[[list[tuple[str, int]]], dict[tuple[str, int], int]]
@@ -274,6 +285,13 @@ class TransactionManager:
                                             "starts": [[topic, queue_id, at] for (topic, queue_id), at in starts.items()]})])
                     self._activity.pop(txn_id, None)
             return False, entries
+
+    def staged_rows(self, txn_id: str) -> list[int] | None:
+        """The messages in each send staged in ``txn_id``, in order; None unless every send was
+        staged by this process with its count."""
+        with self._mutex:
+            known = self._staged_rows.get(txn_id)
+            return None if known is None or len(known) != self._staged_counts.get(txn_id) else list(known)
 
     def commit_starts(self, txn_id: str) -> dict[tuple[str, int], int]:
         """The end offsets of its queues when ``txn_id`` moved to COMMITTING, where recorded."""
@@ -452,6 +470,7 @@ class TransactionManager:
         self._record([(txn_id, rec)])
         self._activity.pop(txn_id, None)
         self._staged_counts.pop(txn_id, None)
+        self._staged_rows.pop(txn_id, None)
         self._finished[txn_id] = now
         self._finished.move_to_end(txn_id)
         # After the journal says finished: a crash before this leaves an orphan, pooled on load.

@@ -417,9 +417,9 @@ def _longest_value(chunk: pa.Array) -> int:
     return int(lengths.max()) if len(lengths) else 0
 
 
-def join_records(bodies: Sequence[bytes | memoryview]) -> tuple[list[bytes | memoryview], int]:
+def join_records(bodies: Sequence[bytes | memoryview], rows: int | None = None) -> tuple[list[bytes | memoryview], int]:
     """Stored record bodies as one body, given as the parts that concatenate to it, and its
-    message count.
+    message count (``rows``, where the caller knows it: counting reads every body's batches).
 
     Bodies laid out by ``message_batch`` are joined as they are (one schema message, every body's
     record batch messages, one end-of-stream marker): no batch is decoded into columns and encoded
@@ -429,7 +429,8 @@ def join_records(bodies: Sequence[bytes | memoryview]) -> tuple[list[bytes | mem
     prefix, end = MESSAGE_SCHEMA_IPC, END_OF_STREAM
     views = [memoryview(body) for body in bodies]
     if all(view[:len(prefix)] == prefix and view[len(view) - len(end):] == end for view in views):
-        rows = sum(decode(view).num_rows for view in views)  # zero-copy reads of the batch headers
+        if rows is None:
+            rows = sum(decode(view).num_rows for view in views)  # zero-copy reads of the batch headers
         return [prefix, *(view[len(prefix):len(view) - len(end)] for view in views), end], rows
     table = decode_records([bytes(view) for view in views])
     return encode_parts(table), table.num_rows

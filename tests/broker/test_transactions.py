@@ -75,6 +75,23 @@ def test_begin_stage_commit_in_send_order(txns):
     assert txns.state("t1") == COMMITTED
 
 
+def test_staged_rows_are_known_only_while_every_send_told_its_count(txns, open_manager):
+    txns.begin("told")
+    txns.stage("told", "orders", 0, b"a", rows=3)
+    txns.stage("told", "orders", 1, b"b", rows=5)
+    txns.stage("told", "orders", 0, b"a", sequence=0, rows=3)  # a resend: not staged again
+    assert txns.staged_rows("told") == [3, 5]
+    txns.begin("untold")
+    txns.stage("untold", "orders", 0, b"a", rows=3)
+    txns.stage("untold", "orders", 0, b"b")  # a slave replaying its master's stage does not know
+    txns.stage("untold", "orders", 0, b"c", rows=1)
+    assert txns.staged_rows("untold") is None
+    txns.prepare_commit("told")
+    assert txns.staged_rows("told") == [3, 5]  # a retried commit still has them
+    txns.close()
+    assert open_manager().staged_rows("told") is None  # staged before a restart: the commit counts them
+
+
 def test_empty_transaction_commits(txns, directory):
     txns.begin("t")
     assert txns.prepare_commit("t") == (False, [])
