@@ -28,6 +28,12 @@ def test_joined_bodies_hold_every_message_in_order():
     assert codec.message_batch(joined) == (joined, 5)  # stored as is: already in the stored layout
 
 
+def test_a_count_the_caller_knows_is_taken_without_reading_the_bodies():
+    bodies = [_body([{"key": "a", "body": b"1"}, {"key": "b", "body": b"2"}]), _body([{"key": "c", "body": b"3"}])]
+    parts, count = codec.join_records(bodies, 3)
+    assert count == 3 and b"".join(parts) == b"".join(codec.join_records(bodies)[0])
+
+
 def test_a_body_in_another_layout_is_re_encoded():
     messages = codec.messages_to_batch([{"key": "k", "body": b"x"}])
     with_store_columns = codec.encode(codec.with_store_columns(messages, 7, [1_700_000_000_000], [1]))

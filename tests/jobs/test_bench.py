@@ -9,6 +9,9 @@ import sys
 
 import pytest
 
+from bench.scratch_broker import ScratchBroker
+from broker.wire import codec
+from connector.client.connection import BrokerConnection, pb
 from tests.jobs.cluster import ROOT, spark_env
 
 
@@ -40,3 +43,15 @@ def test_quick_benchmarks_write_valid_json(tmp_path):
     assert set(cpu) == {"orderlymq", "Redis Streams"} and all(us > 0 for pair in cpu.values() for us in pair), cpu
     source = next(row for row in doc["rows"] if row["workload"] == "spark source: orderlymq -> noop (AvailableNow)")
     assert source["extra"]["round ratios"] == [round(source["ratio"], 3)]  # --quick measures one round
+
+
+def test_a_benchmarks_broker_takes_its_data_away_when_it_stops(tmp_path):
+    """A full run writes tens of gigabytes: each benchmark's broker data goes with it (its log stays)."""
+    data = tmp_path / "ingest"
+    with ScratchBroker(data, "--log-level", "WARNING") as broker, BrokerConnection(broker.address) as conn:
+        conn.call("CreateTopic", pb.CreateTopicRequest(topic="t", queue_count=1))
+        conn.call("Send", pb.SendRequest(topic="t", queue_id=0, batch=b"".join(
+            codec.encode_parts(codec.messages_to_batch([{"key": "k", "body": b"x"}])))))
+        assert any((data / "topics" / "t").iterdir())
+    assert not data.exists()
+    assert (tmp_path / "ingest-broker.log").exists()
