@@ -291,7 +291,7 @@ class TransactionManager:
         staged by this process with its count."""
         with self._mutex:
             known = self._staged_rows.get(txn_id)
-            return None if known is None or len(known) != self._staged_counts.get(txn_id) else list(known)
+            return None if known is None else list(known)
 
     def commit_starts(self, txn_id: str) -> dict[tuple[str, int], int]:
         """The end offsets of its queues when ``txn_id`` moved to COMMITTING, where recorded."""
