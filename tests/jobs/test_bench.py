@@ -50,8 +50,8 @@ def test_a_benchmarks_broker_takes_its_data_away_when_it_stops(tmp_path):
     data = tmp_path / "ingest"
     with ScratchBroker(data, "--log-level", "WARNING") as broker, BrokerConnection(broker.address) as conn:
         conn.call("CreateTopic", pb.CreateTopicRequest(topic="t", queue_count=1))
-        conn.call("Send", pb.SendRequest(topic="t", queue_id=0, batch=b"".join(
-            codec.encode_parts(codec.messages_to_batch([{"key": "k", "body": b"x"}])))))
+        conn.call("Send", pb.SendRequest(topic="t", queue_id=0,
+                                         batch=codec.encode(codec.messages_to_batch([{"key": "k", "body": b"x"}]))))
         assert any((data / "topics" / "t").iterdir())
     assert not data.exists()
     assert (tmp_path / "ingest-broker.log").exists()
