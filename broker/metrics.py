@@ -3,7 +3,8 @@
 Two kinds, on one registry per broker (so several brokers in one process never mix):
 
 - **traffic**, recorded as it happens: messages and bytes in and out per queue, RPC latency per
-  method, failed RPCs per method and status, open send streams;
+  method (those per message, ``broker.traffic``), failed RPCs per method and status, open send
+  streams;
 - **state**, read when Prometheus scrapes (nothing on the hot path): each queue's offsets and
   stored bytes, each consumer group's committed offset and lag per queue, queue lock holders with
   their epoch and remaining lease, consumers per group, open transactions.
@@ -18,19 +19,13 @@ import time
 from collections.abc import Iterator
 from typing import Protocol
 
-from prometheus_client import (
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    disable_created_metrics,
-    make_wsgi_app,
-)
+from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from broker.security.guard import AccessGuard
 from broker.security.http import ReloadingSslContext, serve_http
+from broker.traffic import Traffic
 
 __all__ = ["METRICS", "BrokerMetrics"]
 
@@ -81,23 +76,7 @@ class BrokerMetrics:
     def __init__(self, state: BrokerState) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         doc = METRICS
-        self.messages_in = Counter(
-            "orderlymq_messages_in", doc["orderlymq_messages_in_total"], _QUEUE, registry=self.registry
-        )
-        self.bytes_in = Counter("orderlymq_bytes_in", doc["orderlymq_bytes_in_total"], _QUEUE, registry=self.registry)
-        self.messages_out = Counter(
-            "orderlymq_messages_out", doc["orderlymq_messages_out_total"], _QUEUE, registry=self.registry
-        )
-        self.bytes_out = Counter(
-            "orderlymq_bytes_out", doc["orderlymq_bytes_out_total"], _QUEUE, registry=self.registry
-        )
-        self.rpc_duration = Histogram(
-            "orderlymq_rpc_duration_seconds",
-            doc["orderlymq_rpc_duration_seconds"],
-            ("method",),
-            buckets=_LATENCY_BUCKETS,
-            registry=self.registry,
-        )
+        self.traffic = Traffic(doc, _LATENCY_BUCKETS)  # messages, bytes and latencies: recorded per message
         self.rpc_errors = Counter(
             "orderlymq_rpc_errors", doc["orderlymq_rpc_errors_total"], ("method", "code"), registry=self.registry
         )
@@ -107,32 +86,15 @@ class BrokerMetrics:
         self.loop_busy_poll = Counter(
             "orderlymq_loop_busy_poll_seconds", doc["orderlymq_loop_busy_poll_seconds_total"], registry=self.registry
         )
+        self.registry.register(self.traffic)
         self.registry.register(_StateCollector(state))
         self._http = None
-        self._stored: dict[tuple[str, int], tuple[Counter, Counter]] = {}
-        self._durations: dict[str, Histogram] = {}
-
-    def stored(self, topic: str, queue_id: int, messages: int, nbytes: int) -> None:
-        # The labelled counters of a queue, looked up once: a synchronous send pays this per message.
-        counters = self._stored.get((topic, queue_id))
-        if counters is None:
-            labels = (topic, str(queue_id))
-            counters = self._stored[(topic, queue_id)] = (self.messages_in.labels(*labels), self.bytes_in.labels(*labels))
-        counters[0].inc(messages)
-        counters[1].inc(nbytes)
-
-    def served(self, topic: str, queue_id: int, messages: int, nbytes: int) -> None:
-        if messages:
-            labels = (topic, str(queue_id))
-            self.messages_out.labels(*labels).inc(messages)
-            self.bytes_out.labels(*labels).inc(nbytes)
+        self.stored = self.traffic.stored  # (topic, queue_id, messages, nbytes): called per send and pull
+        self.served = self.traffic.served
 
     def rpc_done(self, method: str, started: float, code: str | None = None) -> None:
         """Record one RPC that began at ``started`` (``time.perf_counter()``); ``code`` when it failed."""
-        histogram = self._durations.get(method)
-        if histogram is None:
-            histogram = self._durations[method] = self.rpc_duration.labels(method)
-        histogram.observe(time.perf_counter() - started)
+        self.traffic.rpc_took(method, time.perf_counter() - started)
         if code is not None:
             self.rpc_errors.labels(method, code).inc()
 
