@@ -41,7 +41,8 @@ class Traffic(Collector):
         self._record((self._in, (topic, queue_id), messages, nbytes))
 
     def served(self, topic: str, queue_id: int, messages: int, nbytes: int) -> None:
-        self._record((self._out, (topic, queue_id), messages, nbytes))
+        if messages:  # an empty pull (a long poll's, mostly) makes no series
+            self._record((self._out, (topic, queue_id), messages, nbytes))
 
     def rpc_took(self, method: str, seconds: float) -> None:
         self._record((None, method, seconds, 0))

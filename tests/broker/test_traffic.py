@@ -69,3 +69,5 @@ def test_records_of_many_threads_add_up_to_what_prometheus_counts_while_scrapes_
     expected = _samples(theirs)
     assert expected[("orderlymq_rpc_duration_seconds_count", (("method", "Send"),))] > 0
     assert _samples(ours) == pytest.approx(expected, rel=1e-12)  # sums added in another order
+    traffic.served("empty", 0, 0, 0)  # a pull that found nothing, as prometheus_client was never told of it
+    assert not any(("topic", "empty") in labels for _, labels in _samples(ours))
