@@ -153,6 +153,9 @@ def _laid_out(key: bytes | None, tag: bytes | None, body: bytes, entries: list[t
 
 # A message with a key, no tag and no properties (what ordered sends mostly are) is laid out the
 # same for every key and body of the same sizes: the bytes around them are kept per pair of sizes.
+# Sizes spread wider than the templates kept make one for most messages, which costs about what
+# laying one out the general way does: 3,000 body sizes in turn took 3.9-4.9 µs a message to
+# encode against 3.1 before templates, where repeated sizes take 1.1.
 _TEMPLATES: dict[tuple[int, int], tuple[bytes, bytes, bytes]] = {}
 _MAX_TEMPLATES = 1024
 
