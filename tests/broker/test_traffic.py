@@ -20,6 +20,15 @@ def _samples(registry: CollectorRegistry) -> dict[tuple, float]:
             for family in text_string_to_metric_families(text) for s in family.samples}
 
 
+def _records(seed: int, count: int, latencies: list[float]):
+    """``count`` records, the same for the same seed: (way, topic, queue id, messages, bytes, method, seconds)."""
+    rng = random.Random(seed)
+    for _ in range(count):
+        topic, queue_id, messages, size = rng.choice("ab"), rng.randrange(3), rng.randrange(1, 5), rng.randrange(99)
+        yield "in" if rng.random() < 0.5 else "out", topic, queue_id, messages, size, rng.choice(("Send", "Pull")), \
+            rng.choice(latencies)
+
+
 def test_records_of_many_threads_add_up_to_what_prometheus_counts_while_scrapes_run():
     ours, theirs = CollectorRegistry(), CollectorRegistry()
     traffic = Traffic(METRICS, _LATENCY_BUCKETS)
@@ -36,14 +45,9 @@ def test_records_of_many_threads_add_up_to_what_prometheus_counts_while_scrapes_
     done = threading.Event()
 
     def record(seed: int) -> None:
-        rng = random.Random(seed)
-        for _ in range(per_thread):
-            topic, queue_id, count, size = rng.choice("ab"), rng.randrange(3), rng.randrange(1, 5), rng.randrange(99)
-            if rng.random() < 0.5:
-                traffic.stored(topic, queue_id, count, size)
-            else:
-                traffic.served(topic, queue_id, count, size)
-            traffic.rpc_took(rng.choice(("Send", "Pull")), rng.choice(latencies))
+        for way, topic, queue_id, messages, size, method, seconds in _records(seed, per_thread, latencies):
+            (traffic.stored if way == "in" else traffic.served)(topic, queue_id, messages, size)
+            traffic.rpc_took(method, seconds)
 
     def scrape_meanwhile() -> None:
         while not done.is_set():
@@ -59,13 +63,10 @@ def test_records_of_many_threads_add_up_to_what_prometheus_counts_while_scrapes_
     done.set()
     scraper.join()
     for seed in range(threads):  # the same records, into prometheus_client's own metrics
-        rng = random.Random(seed)
-        for _ in range(per_thread):
-            topic, queue_id, count, size = rng.choice("ab"), rng.randrange(3), rng.randrange(1, 5), rng.randrange(99)
-            way = "in" if rng.random() < 0.5 else "out"
-            counters[f"orderlymq_messages_{way}_total"].labels(topic, str(queue_id)).inc(count)
+        for way, topic, queue_id, messages, size, method, seconds in _records(seed, per_thread, latencies):
+            counters[f"orderlymq_messages_{way}_total"].labels(topic, str(queue_id)).inc(messages)
             counters[f"orderlymq_bytes_{way}_total"].labels(topic, str(queue_id)).inc(size)
-            histogram.labels(rng.choice(("Send", "Pull"))).observe(rng.choice(latencies))
+            histogram.labels(method).observe(seconds)
     expected = _samples(theirs)
     assert expected[("orderlymq_rpc_duration_seconds_count", (("method", "Send"),))] > 0
     assert _samples(ours) == pytest.approx(expected, rel=1e-12)  # sums added in another order
