@@ -220,13 +220,29 @@ class PageCacheWindow:
                 return 0
             oldest = [self._chunks.popleft() for _ in range(count)]
             self._owed -= count * CHUNK_BYTES
-        drops = [(segment, segment.drop_cached(index * CHUNK_BYTES, CHUNK_BYTES)) for segment, index in oldest]
+        drops = [(segment, segment.drop_cached(first * CHUNK_BYTES, chunks * CHUNK_BYTES))
+                 for segment, first, chunks in _runs(oldest)]
         freed = sum(drop[1] for _, drop in drops if drop)
         with self._lock:
             self.dropped_bytes += freed
-        stuck = next((segment for segment, drop in drops if drop and drop[0] and not drop[1]), None)
+        # A run of which a chunk's worth or more stayed cached: as much as a chunk freed nothing.
+        stuck = next(((segment, drop) for segment, drop in drops if drop and drop[0] - drop[1] >= CHUNK_BYTES), None)
         if stuck is not None and not self._warned:
             self._warned = True
-            log.warning("dropping %d MiB of %s from the page cache freed nothing of it: the kernel may cache it in "
-                        "blocks larger than that (page_cache_bytes; logged once)", CHUNK_BYTES >> 20, stuck.path)
+            segment, (cached, freed) = stuck
+            log.warning("dropping log of %s from the page cache freed nothing of %d MiB of it: the kernel may cache "
+                        "it in blocks larger than the %d MiB chunks dropped (page_cache_bytes; logged once)",
+                        segment.path, (cached - freed) >> 20, CHUNK_BYTES >> 20)
         return freed
+
+
+def _runs(chunks: list[tuple[Segment, int]]) -> list[tuple[Segment, int, int]]:
+    """``chunks`` as runs of consecutive chunks of one segment, ``(segment, first index, count)``,
+    in order: each run is dropped in one call (a commit's append frees dozens of chunks at once)."""
+    runs: list[tuple[Segment, int, int]] = []
+    for segment, index in chunks:
+        if runs and runs[-1][0] is segment and runs[-1][1] + runs[-1][2] == index:
+            runs[-1] = (segment, runs[-1][1], runs[-1][2] + 1)
+        else:
+            runs.append((segment, index, 1))
+    return runs

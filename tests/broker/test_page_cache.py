@@ -200,6 +200,15 @@ def test_a_drop_that_frees_nothing_of_a_cached_chunk_is_logged_once(tmp_path, ca
     assert 0 < window.dropped_bytes <= first.segments[-1].size - 2 * CHUNK_BYTES  # neither the window's nor the first
 
 
+def test_consecutive_chunks_of_a_segment_are_dropped_in_one_run(tmp_path):
+    """A commit's append frees dozens of chunks at once: those that follow each other in one segment
+    go in one drop (one system call, not one per chunk); a gap or another segment starts a new one."""
+    first, second = (_queue(tmp_path / "t" / str(q), None).segments[-1] for q in (0, 1))
+    chunks = [(first, 0), (first, 1), (first, 2), (second, 0), (second, 1), (first, 4), (first, 5), (second, 2)]
+    assert page_cache._runs(chunks) == [(first, 0, 3), (second, 0, 2), (first, 4, 2), (second, 2, 1)]
+    assert page_cache._runs([]) == []
+
+
 def test_without_cachestat_a_drop_counts_what_it_asked_for(tmp_path, monkeypatch):
     """Where the kernel cannot say what is cached (older than 6.5), a drop counts its whole range."""
     monkeypatch.setattr(page_cache, "_libc", None)
