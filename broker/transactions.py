@@ -437,6 +437,7 @@ class TransactionManager:
         """Release the journal file; the manager must not be used afterwards."""
         with self._mutex:
             self._journal.close()
+        self._files.close()
 
     # ---- state changes (callers hold the id's stripe and the mutex) -------------------------
 
