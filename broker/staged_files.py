@@ -278,26 +278,17 @@ def split_frames(data: bytes | memoryview, seed: int = 0,
     a share of the frames each (crc32c leaves the GIL): a commit waits for them all.
     """
     data = memoryview(data)
-    if checkers is None or len(data) < _SPLIT_BYTES:
-        return _checked_in_turn(data, seed)
     frames = list(_whole_frames(data))
-    shares = _shares(frames, _CHECK_THREADS)
-    intact = 0
-    for share, count in zip(shares, checkers.map(lambda share: _intact(data, share, seed), shares), strict=True):
-        intact += count
-        if count < len(share):
-            break
+    if checkers is None or len(data) < _SPLIT_BYTES:
+        intact = _intact(data, frames, seed)
+    else:
+        intact = 0
+        shares = _shares(frames, _CHECK_THREADS)
+        for share, count in zip(shares, checkers.map(lambda share: _intact(data, share, seed), shares), strict=True):
+            intact += count
+            if count < len(share):
+                break
     return [data[start:end] for start, end, _ in frames[:intact]], frames[intact - 1][1] if intact else 0
-
-
-def _checked_in_turn(data: memoryview, seed: int) -> tuple[list[memoryview], int]:
-    bodies, pos = [], 0
-    for start, end, crc in _whole_frames(data):
-        if crc32c.crc32c(data[start:end], seed) != crc:
-            break
-        bodies.append(data[start:end])
-        pos = end
-    return bodies, pos
 
 
 def _whole_frames(data: memoryview) -> Iterator[tuple[int, int, int]]:
