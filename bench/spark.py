@@ -3,23 +3,28 @@ source path (``benchmem``, the same Arrow schema and batch sizes from memory; ``
 Python Arrow writer that drops its input) and ``noop``, measured in turn (full run: medians of 5
 rounds); the ordered pipeline ``orderlymq`` -> ``orderlymq`` exactly once against at least once;
 end-to-end latency with the phases of its micro-batches; the CPU a sink task spends per
-row; the broker-side cost of one micro-batch's control calls."""
+row, and the broker's CPU and commit time per sink run; the broker-side cost of one micro-batch's
+control calls."""
 
 from __future__ import annotations
 
 import statistics
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil
 import pyarrow as pa
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.broker import BODY_BYTES, make_batch, make_table
 from bench.memsource import DiscardSink, MemSource
-from bench.report import Row, in_turn, medians, percentile, round_ratios
+from bench.report import Row, cpu_seconds, in_turn, medians, percentile, round_ratios
 from bench.scratch_broker import ScratchBroker
+from broker.launcher import free_port
 from broker.wire import codec
 from broker.wire.routing import queue_ids
 from connector.client.connection import BrokerConnection, pb
@@ -71,10 +76,37 @@ def source_vs_ceiling(spark, workdir: Path, address: str, topic: str, rows: int,
     return [in_turn([ours, ceiling], r) for r in range(rounds)]
 
 
-def sink_vs_ceiling(spark, workdir: Path, address: str, rows: int,
-                    rounds: int = 1) -> list[tuple[float, float, float, float]]:
+class BrokerCost:
+    """What a broker process spent on each run of a workload: CPU seconds, and seconds answering
+    ``CommitTxn`` (its metrics), per run, keyed by the workload's name."""
+
+    def __init__(self, broker: ScratchBroker, metrics_port: int) -> None:
+        self._process = psutil.Process(broker.proc.pid)
+        self._metrics_port = metrics_port
+        self.runs: dict[str, list[tuple[float, float]]] = {}
+
+    def measured(self, name: str, run: Callable[[], float]) -> Callable[[], float]:
+        def measure() -> float:
+            cpu, commits = cpu_seconds(self._process), self._commit_seconds()
+            figure = run()
+            self.runs.setdefault(name, []).append((cpu_seconds(self._process) - cpu, self._commit_seconds() - commits))
+            return figure
+        return measure
+
+    def medians(self, name: str) -> dict[str, float]:
+        cpu, commits = medians(self.runs[name])
+        return {"broker CPU s per run, median": round(cpu, 3), "broker CommitTxn s per run, median": round(commits, 3)}
+
+    def _commit_seconds(self) -> float:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{self._metrics_port}/metrics", timeout=10).read().decode()
+        return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+                   if sample.name == "orderlymq_rpc_duration_seconds_sum" and sample.labels.get("method") == "CommitTxn")
+
+
+def sink_vs_ceiling(spark, workdir: Path, address: str, rows: int, rounds: int = 1,
+                    cost: BrokerCost | None = None) -> list[tuple[float, float, float, float]]:
     """Rows/s of the sink exactly once and at least once, of ``noop`` and of the discarding Python
-    writer, per round."""
+    writer, per round; what the broker spent on the sink's runs goes into ``cost``."""
     conn = BrokerConnection(address)
 
     def ours(exactly_once: str) -> Callable[[], float]:
@@ -84,7 +116,7 @@ def sink_vs_ceiling(spark, workdir: Path, address: str, rows: int,
             return rows / _run_available_now(_mem(spark, rows).select("key", "body"), workdir / f"ck-{uuid.uuid4().hex}",
                                              "orderlymq", brokers=address, topic=topic, shardingKey="key",
                                              exactlyOnce=exactly_once)
-        return run
+        return run if cost is None else cost.measured(f"exactly once {exactly_once}", run)
 
     def ceiling(sink: str) -> Callable[[], float]:
         return lambda: rows / _run_available_now(_mem(spark, rows).select("key", "body"),
@@ -280,7 +312,8 @@ def run(workdir: Path, quick: bool) -> list[Row]:
     rows_total = 200_000 if quick else 4_000_000
     rounds = 1 if quick else 5  # a figure and its ceiling measured in turn, medians: rounds spread widely here
     out: list[Row] = []
-    with ScratchBroker(workdir / "spark-bench", "--log-level", "WARNING") as broker:
+    metrics_port = free_port()
+    with ScratchBroker(workdir / "spark-bench", "--log-level", "WARNING", "--metrics-port", str(metrics_port)) as broker:
         conn = BrokerConnection(broker.address)
         _prefill(conn, "bench-src", rows_total)
         # An uncounted round of each comparison warms the Python workers of every path. A full run's is
@@ -300,13 +333,19 @@ def run(workdir: Path, quick: bool) -> list[Row]:
             ours, ceiling = medians(measured)
             out.append(Row("spark source: orderlymq -> noop (AvailableNow)", ours, "rows/s", ceiling,
                            "benchmem -> noop", BODY_BYTES, QUEUES, ">= 0.8 of ceiling", round_ratios(measured, 0, 1)))
-            measured = sink_vs_ceiling(spark, workdir, broker.address, rows_total, rounds)
+            cost = BrokerCost(broker, metrics_port)
+            measured = sink_vs_ceiling(spark, workdir, broker.address, rows_total, rounds, cost)
             eo, alo, noop, discard = medians(measured)
             out.append(Row("spark sink: benchmem -> orderlymq (exactly once)", eo, "rows/s", discard,
                            "benchmem -> Python discard writer", BODY_BYTES, QUEUES, ">= 0.8 of ceiling",
-                           round_ratios(measured, 0, 3)))
+                           round_ratios(measured, 0, 3) | cost.medians("exactly once true")))
             out.append(Row("spark sink: benchmem -> orderlymq (at least once)", alo, "rows/s", discard,
-                           "benchmem -> Python discard writer", BODY_BYTES, QUEUES, extra=round_ratios(measured, 1, 3)))
+                           "benchmem -> Python discard writer", BODY_BYTES, QUEUES,
+                           extra=round_ratios(measured, 1, 3) | cost.medians("exactly once false")))
+            print("spark sink, the broker per run (median):", "; ".join(
+                f"{name}: {cpu:.2f} CPU s, CommitTxn {commits:.2f} s" for name, (cpu, commits) in
+                (("exactly once", medians(cost.runs["exactly once true"])),
+                 ("at least once", medians(cost.runs["exactly once false"])))))
             out.append(Row("spark sink ceiling: benchmem -> Python discard writer", discard, "rows/s", noop,
                            "benchmem -> noop (JVM only)", BODY_BYTES, QUEUES, extra=round_ratios(measured, 3, 2)))
             conn = BrokerConnection(broker.address)

@@ -43,6 +43,12 @@ def test_quick_benchmarks_write_valid_json(tmp_path):
     assert set(cpu) == {"orderlymq", "Redis Streams"} and all(us > 0 for pair in cpu.values() for us in pair), cpu
     source = next(row for row in doc["rows"] if row["workload"] == "spark source: orderlymq -> noop (AvailableNow)")
     assert source["extra"]["round ratios"] == [round(source["ratio"], 3)]  # --quick measures one round
+    sinks = {row["workload"]: row["extra"] for row in doc["rows"] if row["workload"].startswith("spark sink: ")}
+    exactly_once = sinks["spark sink: benchmem -> orderlymq (exactly once)"]
+    at_least_once = sinks["spark sink: benchmem -> orderlymq (at least once)"]
+    assert exactly_once["broker CPU s per run, median"] > 0 and at_least_once["broker CPU s per run, median"] > 0
+    assert exactly_once["broker CommitTxn s per run, median"] > 0  # its tasks' transactions were committed
+    assert at_least_once["broker CommitTxn s per run, median"] == 0  # no transactions at least once
 
 
 def test_a_benchmarks_broker_takes_its_data_away_when_it_stops(tmp_path):
