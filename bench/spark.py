@@ -76,6 +76,9 @@ def source_vs_ceiling(spark, workdir: Path, address: str, topic: str, rows: int,
     return [in_turn([ours, ceiling], r) for r in range(rounds)]
 
 
+_GUARANTEES = {"true": "exactly once", "false": "at least once"}  # the sink's exactlyOnce option, named
+
+
 class BrokerCost:
     """What a broker process spent on each run of a workload: CPU seconds, and seconds answering
     ``CommitTxn`` (its metrics), per run, keyed by the workload's name."""
@@ -116,7 +119,7 @@ def sink_vs_ceiling(spark, workdir: Path, address: str, rows: int, rounds: int =
             return rows / _run_available_now(_mem(spark, rows).select("key", "body"), workdir / f"ck-{uuid.uuid4().hex}",
                                              "orderlymq", brokers=address, topic=topic, shardingKey="key",
                                              exactlyOnce=exactly_once)
-        return run if cost is None else cost.measured(f"exactly once {exactly_once}", run)
+        return run if cost is None else cost.measured(_GUARANTEES[exactly_once], run)
 
     def ceiling(sink: str) -> Callable[[], float]:
         return lambda: rows / _run_available_now(_mem(spark, rows).select("key", "body"),
@@ -261,7 +264,7 @@ def sink_task_cpu_ns(address: str, rows: int, rounds: int, *, distinct_keys: boo
             message = writer.write(iter(batches))
             costs.append((time.process_time() - started) / message.rows * 1e9)
             writer.commit([message], 0)
-        figures["exactly once" if exactly_once == "true" else "at least once"] = statistics.median(costs)
+        figures[_GUARANTEES[exactly_once]] = statistics.median(costs)
     conn.close()
     return figures
 
@@ -338,14 +341,13 @@ def run(workdir: Path, quick: bool) -> list[Row]:
             eo, alo, noop, discard = medians(measured)
             out.append(Row("spark sink: benchmem -> orderlymq (exactly once)", eo, "rows/s", discard,
                            "benchmem -> Python discard writer", BODY_BYTES, QUEUES, ">= 0.8 of ceiling",
-                           round_ratios(measured, 0, 3) | cost.medians("exactly once true")))
+                           round_ratios(measured, 0, 3) | cost.medians("exactly once")))
             out.append(Row("spark sink: benchmem -> orderlymq (at least once)", alo, "rows/s", discard,
                            "benchmem -> Python discard writer", BODY_BYTES, QUEUES,
-                           extra=round_ratios(measured, 1, 3) | cost.medians("exactly once false")))
+                           extra=round_ratios(measured, 1, 3) | cost.medians("at least once")))
             print("spark sink, the broker per run (median):", "; ".join(
-                f"{name}: {cpu:.2f} CPU s, CommitTxn {commits:.2f} s" for name, (cpu, commits) in
-                (("exactly once", medians(cost.runs["exactly once true"])),
-                 ("at least once", medians(cost.runs["exactly once false"])))))
+                f"{name}: {cpu:.2f} CPU s, CommitTxn {commits:.2f} s" for name in _GUARANTEES.values()
+                for cpu, commits in [medians(cost.runs[name])]))
             out.append(Row("spark sink ceiling: benchmem -> Python discard writer", discard, "rows/s", noop,
                            "benchmem -> noop (JVM only)", BODY_BYTES, QUEUES, extra=round_ratios(measured, 3, 2)))
             conn = BrokerConnection(broker.address)
