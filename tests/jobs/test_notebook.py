@@ -17,6 +17,9 @@ def _printed(nb) -> str:
 def test_tour_notebook_executes(tmp_path, monkeypatch):
     for name, value in spark_env(tmp_path).items():
         monkeypatch.setenv(name, value)
+    scratch = tmp_path / "kernel-tmp"  # the notebook's temporary directory goes here, not into /tmp
+    scratch.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch))
     nb = nbformat.read(ROOT / "notebooks" / "orderlymq_tour.ipynb", as_version=4)
     client = NotebookClient(nb, timeout=600, kernel_name="python3",
                             resources={"metadata": {"path": str(ROOT / "notebooks")}})
@@ -27,3 +30,4 @@ def test_tour_notebook_executes(tmp_path, monkeypatch):
     outputs = _printed(nb)
     assert "orders whose events are out of order or incomplete: 0" in outputs
     assert "final lag: 0" in outputs
+    assert not list(scratch.glob("orderlymq-tour-*")), "the notebook's last cell leaves its working directory behind"
