@@ -103,7 +103,8 @@ class BrokerCost:
     def _commit_seconds(self) -> float:
         text = urllib.request.urlopen(f"http://127.0.0.1:{self._metrics_port}/metrics", timeout=10).read().decode()
         return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
-                   if sample.name == "orderlymq_rpc_duration_seconds_sum" and sample.labels.get("method") == "CommitTxn")
+                   if sample.name == "orderlymq_rpc_duration_seconds_sum"
+                   and sample.labels.get("method") == "CommitTxn")
 
 
 def sink_vs_ceiling(spark, workdir: Path, address: str, rows: int, rounds: int = 1,
@@ -316,7 +317,8 @@ def run(workdir: Path, quick: bool) -> list[Row]:
     rounds = 1 if quick else 5  # a figure and its ceiling measured in turn, medians: rounds spread widely here
     out: list[Row] = []
     metrics_port = free_port()
-    with ScratchBroker(workdir / "spark-bench", "--log-level", "WARNING", "--metrics-port", str(metrics_port)) as broker:
+    with ScratchBroker(workdir / "spark-bench", "--log-level", "WARNING",
+                       "--metrics-port", str(metrics_port)) as broker:
         conn = BrokerConnection(broker.address)
         _prefill(conn, "bench-src", rows_total)
         # An uncounted round of each comparison warms the Python workers of every path. A full run's is
