@@ -84,7 +84,7 @@ class BrokerCost:
     ``CommitTxn`` (its metrics), per run, keyed by the workload's name."""
 
     def __init__(self, broker: ScratchBroker, metrics_port: int) -> None:
-        self._process = psutil.Process(broker.proc.pid)
+        self._process = psutil.Process(broker.pid)
         self._metrics_port = metrics_port
         self.runs: dict[str, list[tuple[float, float]]] = {}
 
