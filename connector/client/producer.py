@@ -374,10 +374,7 @@ class Producer:
         row = _message_row(body, key, tag, properties)
         target = self._route_one(topic, row, selector, arg, queue_id, deadline)
         sender = self._sender_for(topic, target, deadline)
-        future = sender.submit_one(topic, target, row, deadline)
-        if callback is not None:
-            future.add_done_callback(callback)
-        return future
+        return sender.submit_one(topic, target, row, deadline, callback)
 
     def send(
         self,

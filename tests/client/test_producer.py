@@ -100,6 +100,24 @@ def test_a_kept_async_send_future_holds_its_result_not_its_message(broker, admin
         assert stored[result.queue_id][result.queue_offset].body == body
 
 
+def test_a_callback_per_async_send_runs_once_with_its_own_future(broker, admin, topic_name):
+    """RocketMQ's ``SendCallback`` pattern: each callback runs once, given the future its send
+    returned, after the message is stored; a queue's callbacks run in its offsets' order."""
+    admin.create_topic(topic_name, 3)
+    keys = [f"account-{i}" for i in range(10)]
+    called: list = []
+    with Producer(broker.address, linger_ms=2, max_batch_messages=16) as producer:
+        futures = [producer.send_async(topic_name, str(seq), key=key, callback=called.append)
+                   for seq in range(60) for key in keys]
+        producer.flush()
+    assert len(called) == len(futures) and {id(f) for f in called} == {id(f) for f in futures}
+    offsets: dict[int, list[int]] = {}
+    for future in called:
+        offsets.setdefault(future.result().queue_id, []).append(future.result().queue_offset)
+    assert all(seen == sorted(seen) for seen in offsets.values()), offsets
+    assert_per_key_order(read_topic(broker.address, topic_name), dict.fromkeys(keys, 60), 3)
+
+
 def test_concurrent_sync_senders_keep_their_own_order(broker, admin, producer, topic_name):
     admin.create_topic(topic_name, 2)
 
