@@ -2,26 +2,66 @@
 
 ``BrokerProcess(data_dir).start()`` returns once the broker serves, on an ephemeral loopback port
 unless one is given; ``kill9()`` and ``start()`` again reuse the data dir and the port.
+
+A restarted server takes its port back, which anything else on the machine may have taken while
+it was down: the kernel hands its ephemeral ports to every ``bind`` of port 0 and every
+``connect``. A test run whose workers start and stop servers side by side sets
+``ORDERLYMQ_PORT_RANGE`` (``first-last``, below the kernel's ephemeral range) to a range of its
+own for each worker: ``free_port`` then picks from it, and brokers are given a port from it, so
+no other worker's server can answer a client in its place.
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
+import random
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-__all__ = ["BrokerProcess", "free_port"]
+__all__ = ["PORT_RANGE_ENV", "BrokerProcess", "free_port"]
+
+PORT_RANGE_ENV = "ORDERLYMQ_PORT_RANGE"
+_ranges: dict[str, Iterator[int]] = {}  # each range's ports, in a cycle from a random one
 
 
 def free_port() -> int:
-    """A loopback port free now, for a child server whose port must be named before it starts."""
+    """A loopback port free now, for a child server whose port must be named before it starts: one
+    of ``ORDERLYMQ_PORT_RANGE``'s when it is set (module docstring), else one the kernel picks."""
+    spec = os.environ.get(PORT_RANGE_ENV)
+    if not spec:
+        return _bound_port(0)
+    ports = _ranges.get(spec) or _ranges.setdefault(spec, _cycle(_port_range(spec)))
+    for _ in _port_range(spec):
+        with contextlib.suppress(OSError):
+            return _bound_port(next(ports))
+    raise RuntimeError(f"no free loopback port in {PORT_RANGE_ENV}={spec}")
+
+
+def _port_range(spec: str) -> range:
+    try:
+        first, last = (int(part) for part in spec.split("-"))
+    except ValueError:
+        first = last = 0
+    if not 0 < first <= last <= 65535:
+        raise ValueError(f"{PORT_RANGE_ENV}={spec!r} is not a range of ports such as 20000-21499")
+    return range(first, last + 1)
+
+
+def _cycle(ports: range) -> Iterator[int]:
+    start = random.randrange(len(ports))  # processes sharing a range (a test and its children) start apart
+    return (ports[(start + i) % len(ports)] for i in itertools.count())
+
+
+def _bound_port(port: int) -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind(("127.0.0.1", port))
         return s.getsockname()[1]
 
 
@@ -47,6 +87,8 @@ class BrokerProcess:
 
     def start(self, timeout: float = 30.0) -> BrokerProcess:
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        if not self.port and os.environ.get(PORT_RANGE_ENV):
+            self.port = free_port()  # its restarts take it back (module docstring)
         port_file = self.data_dir / ".port"
         port_file.unlink(missing_ok=True)
         cmd = [*self.wrapper, sys.executable, "-m", "broker", "--data-dir", str(self.data_dir),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 from pathlib import Path
 
@@ -9,9 +10,24 @@ import pytest
 from hypothesis import settings
 
 import connector  # noqa: F401 - first: gRPC's poll strategy is set before any test module imports grpc
+from broker.launcher import PORT_RANGE_ENV
 from spark_jobs.session import prepare_environment
 
 prepare_environment()  # as every job: loopback, this interpreter, and conf/ as SPARK_CONF_DIR
+
+_PORT_BLOCKS, _PORT_BLOCK = 8, 1_500  # 20000-31999: below Linux's ephemeral ports (32768-60999)
+
+
+def _worker_port_range() -> str:
+    """This worker's own ports (``make test`` runs workers gw0, gw1...; one without them takes the
+    last block): a server a test restarts takes its port back, never taken by another worker."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    index = int(worker[2:]) if worker.startswith("gw") else _PORT_BLOCKS - 1
+    first = 20_000 + index % _PORT_BLOCKS * _PORT_BLOCK
+    return f"{first}-{first + _PORT_BLOCK - 1}"
+
+
+os.environ.setdefault(PORT_RANGE_ENV, _worker_port_range())
 
 # No time limit per example: a test judges behaviour, never speed, and the machine may be busy.
 settings.register_profile("orderlymq", deadline=None)
