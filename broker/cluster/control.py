@@ -4,13 +4,15 @@ Nodes of group ``G`` in cluster ``C``, under ``/orderlymq/C/groups/G``::
 
     members/<broker_id>   ephemeral: {"address"}          one per live broker of the group
     master                ephemeral: {"broker_id", "address"}  held by the master's session
-    state                 persistent: {"epoch", "master", "master_address", "sync_set"}
+    state                 persistent: {"epoch", "master", "master_address", "sync_set", "group_id"}
 
 Consensus is ZooKeeper's: exactly one session can create ``master`` (the election), and ``state``
 changes only by a versioned write (compare-and-set) made by the broker whose session holds
 ``master``, so a master cut off from ZooKeeper cannot change it any more. The group epoch grows
 by one with every new master; only members of the sync-state set may campaign, so a new master
-holds every acknowledged send.
+holds every acknowledged send. ``group_id``, drawn when the group is founded (its first election),
+tells this group's state from that of another ZooKeeper's group of the same name, or its absence
+from a ZooKeeper that lost its data (``ClusterNode`` takes no role from either).
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
@@ -35,23 +38,25 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class GroupState:
-    """The persistent state of a group; ``version`` is ZooKeeper's, for compare-and-set."""
+    """The persistent state of a group; ``version`` is ZooKeeper's, for compare-and-set; ``group_id``
+    is "" in a state written by an older version (the next election draws one)."""
 
     epoch: int
     master: int
     master_address: str
     sync_set: frozenset[int]
     version: int = -1
+    group_id: str = ""
 
     def encoded(self) -> bytes:
         return json.dumps({"epoch": self.epoch, "master": self.master, "master_address": self.master_address,
-                           "sync_set": sorted(self.sync_set)}).encode()
+                           "sync_set": sorted(self.sync_set), "group_id": self.group_id}).encode()
 
     @classmethod
     def decoded(cls, raw: bytes, version: int) -> GroupState:
         doc = json.loads(raw)
         return cls(int(doc["epoch"]), int(doc["master"]), str(doc["master_address"]),
-                   frozenset(int(b) for b in doc["sync_set"]), version)
+                   frozenset(int(b) for b in doc["sync_set"]), version, str(doc.get("group_id", "")))
 
 
 class _NegotiationRecorder(ConnectionHandler):
@@ -231,7 +236,8 @@ class GroupControl:
         except NodeExistsError:
             return None
         new = GroupState((state.epoch if state else 0) + 1, self.broker_id, self.address,
-                         frozenset({self.broker_id}))
+                         frozenset({self.broker_id}), group_id=state.group_id if state and state.group_id
+                         else uuid.uuid4().hex)
         try:
             if state is None:
                 self.client.create(f"{self.root}/state", new.encoded())
@@ -240,7 +246,7 @@ class GroupControl:
         except (BadVersionError, NodeExistsError):
             self.client.delete(path)  # the state moved under us: give the role back and look again
             return None
-        return GroupState(new.epoch, new.master, new.master_address, new.sync_set, stat.version)
+        return replace(new, version=stat.version)
 
     def resign_master(self) -> None:
         """Delete ``master`` when it names this broker although it does not act as master: left by
@@ -258,9 +264,9 @@ class GroupControl:
         None when it is not any more: this broker must stop acting as master."""
         if expected.master != self.broker_id:
             return None
-        new = GroupState(expected.epoch, expected.master, expected.master_address, sync_set)
+        new = replace(expected, sync_set=sync_set)
         try:
             stat = self.client.set(f"{self.root}/state", new.encoded(), version=expected.version)
         except (BadVersionError, NoNodeError):
             return None
-        return GroupState(new.epoch, new.master, new.master_address, sync_set, stat.version)
+        return replace(new, version=stat.version)

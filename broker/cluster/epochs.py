@@ -9,7 +9,8 @@ epoch ended (the start of the next epoch the master knows of). Whatever it wrote
 
 The history is a small JSON file, ``cluster-epochs.json``, written atomically: ``{"epoch": the
 epoch this broker last followed or led, "caught_up": whether its copy held all its master had at
-least once since it began following it, "history": [[epoch, {"topic/queue": start}], ...]}``.
+least once since it began following it, "group_id": the identity of the group it served in (its
+``state`` in ZooKeeper names it), "history": [[epoch, {"topic/queue": start}], ...]}``.
 Only a broker whose file names the group's current epoch and says ``caught_up`` may campaign: a
 broker that starts on an empty (wiped) data dir may still be in the sync-state set, yet holds
 nothing until it caught up.
@@ -57,6 +58,7 @@ class EpochHistory:
         state = read_json(path, {"epoch": 0, "history": []})
         self.epoch = int(state["epoch"])
         self.caught_up = bool(state.get("caught_up", True))  # files of older versions: as before
+        self.group_id = str(state.get("group_id", ""))  # "": none recorded (a new broker, an older version)
         self.history: list = [[int(e), dict(starts)] for e, starts in state["history"]]
 
     def begin_term(self, epoch: int, starts: dict[str, int]) -> None:
@@ -80,10 +82,18 @@ class EpochHistory:
                 self.caught_up = True
                 self._save()
 
+    def join_group(self, group_id: str) -> None:
+        """This broker serves in the group of identity ``group_id`` (ZooKeeper's ``state`` names it)."""
+        with self._lock:
+            if group_id and group_id != self.group_id:
+                self.group_id = group_id
+                self._save()
+
     def encoded(self) -> bytes:
         with self._lock:
             return json.dumps(self.history).encode()
 
     def _save(self) -> None:
         self.history = self.history[-_KEPT_EPOCHS:]
-        write_json_atomic(self.path, {"epoch": self.epoch, "caught_up": self.caught_up, "history": self.history})
+        write_json_atomic(self.path, {"epoch": self.epoch, "caught_up": self.caught_up, "group_id": self.group_id,
+                                      "history": self.history})

@@ -9,7 +9,10 @@ One thread (``orderlymq-cluster``) makes every decision, woken by any change Zoo
 - a slave follows the master ZooKeeper names, at its epoch;
 - with no master, a member of the sync-state set campaigns; the winner records where its epoch
   starts, raises the lock epoch floor to ``epoch << 32`` (every queue lock it grants fences
-  every holder of an earlier master) and only then serves.
+  every holder of an earlier master) and only then serves;
+- a broker that served in a group takes no role from a ZooKeeper that holds no state of it, or the
+  state of another group of the same name (``_holds_our_group``): its data was lost, or it is another
+  ensemble.
 
 A broker that is not master refuses every request but ``Health`` and the topic calls with
 ``NotMasterError`` naming the master (``gate.MasterGate``). Topics are the cluster's, in ZooKeeper
@@ -106,6 +109,7 @@ class ClusterNode:
         self._topic_reads: dict = {}  # the last answer of each topic read (``_topic_read``)
         self._fetcher: ReplicaFetcher | None = None
         self._state: GroupState | None = None
+        self._refusal: str | None = None  # why ZooKeeper's group is not this broker's, as last logged
         self._wake = threading.Event()
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="orderlymq-cluster", daemon=True)
@@ -295,9 +299,13 @@ class ClusterNode:
             # Before the session is renewed: a heartbeat of the new one would make the session lease
             # hold again, and this broker serve beside the master elected meanwhile.
             self._step_down("its ZooKeeper session expired")
+        state = self.control.state()
+        if not self._holds_our_group(state):
+            if self.role == Role.MASTER:
+                self._step_down("ZooKeeper does not hold its group (logged above)")
+            return  # a slave goes on copying its master; none campaigns, registers or follows there
         if lost:
             self.control.renew_if_lost()
-        state = self.control.state()
         holder = self.control.master_holder()
         if self.role == Role.MASTER:
             self._check_term(state, holder)
@@ -316,6 +324,25 @@ class ClusterNode:
         elif state is not None and state.master == holder and holder != self.broker_id:
             self._follow(state)
             self.topics.note()
+
+    def _holds_our_group(self, state: GroupState | None) -> bool:
+        """Whether ZooKeeper holds the group this broker served in: a broker that served in one
+        never founds another (nor follows one of another identity), which would begin again at
+        epoch 1 and delete every topic missing from the new registry. No state at all: ZooKeeper
+        lost its data, or ``zookeeper`` names another ensemble."""
+        known = self.history.group_id
+        if state is None:
+            ours, found = self.history.epoch == 0, "no state"
+        else:  # a state or a history from before group ids: as before (the next election draws one)
+            ours, found = not known or not state.group_id or state.group_id == known, f"group id {state.group_id}"
+        if not ours and self._refusal != found:
+            log.error("ZooKeeper %s holds %s for group %s, which this broker served in up to epoch %d (group id %s): "
+                      "ZooKeeper lost its data, or `zookeeper` names another ensemble. This broker takes no role "
+                      "from it: restore ZooKeeper's data or name the ensemble that holds the group (docs/cluster.md, "
+                      "\"ZooKeeper lost its data\")", self.config.zookeeper, found, self.config.broker_name,
+                      self.history.epoch, known or "not recorded")
+        self._refusal = None if ours else found
+        return ours
 
     def _may_campaign(self, state: GroupState | None) -> bool:
         """A new group, or: this broker followed (or led) the current epoch, its copy caught up
@@ -353,6 +380,7 @@ class ClusterNode:
         store = self.service.store
         ends = store.ends()
         starts = keyed(ends)
+        self.history.join_group(state.group_id)
         self.history.begin_term(state.epoch, starts)
         if self.config.replication == "sync":  # readers see only what the sync-state set holds
             store.hold_back()
@@ -387,6 +415,7 @@ class ClusterNode:
         if fetcher is not None and fetcher.epoch == state.epoch and fetcher.master_address == state.master_address:
             return
         self._stop_following()
+        self.history.join_group(state.group_id)
         self.epoch, self.master_address, self.role = state.epoch, state.master_address, Role.SLAVE
         self._fetcher = ReplicaFetcher(self.service, self.history, self.broker_id, state.master_address, state.epoch,
                                        self.promise, self.link)

@@ -95,6 +95,19 @@ def test_epoch_history_persists(tmp_path):
     assert again.epoch == 2 and again.history == [[1, {"t/0": 0}], [2, {"t/0": 5}]]
 
 
+def test_the_group_id_a_broker_served_in_persists_and_states_of_older_versions_have_none(tmp_path):
+    history = EpochHistory(tmp_path / "cluster-epochs.json")
+    assert history.group_id == ""  # a new broker, or one of an older version: no group recorded
+    history.join_group("")  # a state of an older version: nothing to record
+    history.join_group("5f0c")
+    history.begin_term(1, {"t/0": 0})
+    assert EpochHistory(tmp_path / "cluster-epochs.json").group_id == "5f0c"
+    older = GroupState.decoded(b'{"epoch": 3, "master": 1, "master_address": "a:1", "sync_set": [1, 2]}', 7)
+    assert older == GroupState(3, 1, "a:1", frozenset({1, 2}), 7, "")
+    state = GroupState(4, 2, "b:2", frozenset({2}), group_id="5f0c")
+    assert GroupState.decoded(state.encoded(), 8) == GroupState(4, 2, "b:2", frozenset({2}), 8, "5f0c")
+
+
 def test_a_follower_counts_as_caught_up_only_once_marked_and_a_wiped_one_knows_no_epoch(tmp_path):
     history = EpochHistory(tmp_path / "cluster-epochs.json")
     assert history.epoch == 0  # a wiped data dir: no epoch, so it may not campaign
