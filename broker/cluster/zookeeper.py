@@ -87,7 +87,7 @@ class ZooKeeperServer:
             "admin.enableServer=false",
             f"minSessionTimeout={2 * _TICK_MS}",
             f"maxSessionTimeout={self.max_session_timeout_ms}",
-            "4lw.commands.whitelist=ruok",
+            "4lw.commands.whitelist=conf",
             *(self.tls.settings(self.secure_port) if self.tls else []),
         ]) + "\n")
         return config
@@ -111,12 +111,15 @@ class ZooKeeperServer:
         return self
 
     def _answers(self) -> bool:
+        """Whether this server answers on its port: its ``conf`` names its own data dir (not another
+        server's, which took the port while this one was stopped)."""
         try:
             with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
-                s.sendall(b"ruok")
-                return s.recv(4) == b"imok"
+                s.sendall(b"conf")
+                answer = b"".join(iter(lambda: s.recv(4096), b""))
         except OSError:
             return False
+        return f"dataDir={self.directory / 'data'}".encode() in answer
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
