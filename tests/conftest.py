@@ -27,7 +27,8 @@ def _worker_port_range() -> str:
     return f"{first}-{first + _PORT_BLOCK - 1}"
 
 
-os.environ.setdefault(PORT_RANGE_ENV, _worker_port_range())
+# Set, not defaulted: workers inherit the environment of the process that starts them, which set it too.
+os.environ[PORT_RANGE_ENV] = _worker_port_range()
 
 # No time limit per example: a test judges behaviour, never speed, and the machine may be busy.
 settings.register_profile("orderlymq", deadline=None)

@@ -3,6 +3,7 @@ broker killed and started again serves on its port (which no other worker of a t
 
 from __future__ import annotations
 
+import os
 import socket
 
 import pytest
@@ -25,6 +26,13 @@ def _free_block(size: int) -> range:
             continue
         return block
     pytest.skip("no free block of loopback ports below 19000")
+
+
+def test_each_test_worker_takes_ports_from_a_block_of_its_own():
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    first = int(os.environ[PORT_RANGE_ENV].split("-")[0])
+    # gw0 from 20000, gw1 from 21500...: not the block of the process that started the workers
+    assert first == (20_000 + int(worker[2:]) * 1_500 if worker.startswith("gw") else 30_500), (worker, first)
 
 
 def test_free_port_picks_only_from_the_range_and_skips_ports_taken(monkeypatch):
