@@ -16,8 +16,10 @@ every acknowledged message, in order, with sends going on.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import time
+from collections.abc import Iterator
 
 from kazoo.client import KazooClient
 
@@ -39,45 +41,41 @@ def _refusals(broker, refusal: str = REFUSAL) -> bool:
     return refusal in broker.log_text()
 
 
-def _children_and_state(connect_string: str, group: str) -> tuple[dict, bytes]:
-    """Each node under a group's path in ZooKeeper with its data, and the group's ``state``."""
+@contextlib.contextmanager
+def _zookeeper_client(connect_string: str) -> Iterator[KazooClient]:
     client = KazooClient(hosts=connect_string)
     client.start()
     try:
-        root = f"/orderlymq/orderlymq/groups/{group}"
-        nodes = {name: client.get(f"{root}/{name}")[0] for name in client.get_children(root)}
-        nodes.update({f"members/{m}": client.get(f"{root}/members/{m}")[0]
-                      for m in client.get_children(f"{root}/members")})
-        return nodes, nodes.get("state", b"")
+        yield client
     finally:
         client.stop()
         client.close()
+
+
+def _children_and_state(connect_string: str, group: str) -> tuple[dict, bytes]:
+    """Each node under a group's path in ZooKeeper with its data, and the group's ``state``."""
+    root = f"/orderlymq/orderlymq/groups/{group}"
+    with _zookeeper_client(connect_string) as client:
+        nodes = {name: client.get(f"{root}/{name}")[0] for name in client.get_children(root)}
+        nodes.update({f"members/{m}": client.get(f"{root}/members/{m}")[0]
+                      for m in client.get_children(f"{root}/members")})
+    return nodes, nodes.get("state", b"")
 
 
 def _raise_zxid(connect_string: str, above: int) -> None:
     """Write to ZooKeeper until its last transaction id is above ``above``: it then lets in clients
     that saw transactions up to ``above`` elsewhere (it refuses those that saw later ones)."""
-    client = KazooClient(hosts=connect_string)
-    client.start()
-    try:
+    with _zookeeper_client(connect_string) as client:
         client.ensure_path("/filler")
         while client.set("/filler", b"x").mzxid <= above:
             for result in [client.set_async("/filler", b"x") for _ in range(500)]:
                 result.get()
-    finally:
-        client.stop()
-        client.close()
 
 
 def _last_zxid(connect_string: str) -> int:
-    client = KazooClient(hosts=connect_string)
-    client.start()
-    try:
+    with _zookeeper_client(connect_string) as client:
         client.ensure_path("/probe")
         return client.set("/probe", b"x").mzxid
-    finally:
-        client.stop()
-        client.close()
 
 
 def _roles_during(group, seconds: float) -> list[list[str]]:
