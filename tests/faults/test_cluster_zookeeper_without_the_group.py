@@ -26,7 +26,7 @@ from kazoo.client import KazooClient
 from broker.cluster.zookeeper import ZooKeeperServer
 from connector.client import Admin
 from connector.client.connection import BrokerConnection
-from connector.history import History, check
+from connector.history import History, Verdict, check
 from tests.faults.cluster_group import BrokerGroup
 from tests.faults.workload import send_all, stored_deliveries
 from tests.support import wait_until
@@ -52,14 +52,14 @@ def _zookeeper_client(connect_string: str) -> Iterator[KazooClient]:
         client.close()
 
 
-def _children_and_state(connect_string: str, group: str) -> tuple[dict, bytes]:
-    """Each node under a group's path in ZooKeeper with its data, and the group's ``state``."""
+def _group_nodes(connect_string: str, group: str) -> dict[str, bytes]:
+    """Each node under a group's path in ZooKeeper (``state``, ``members/0``...) with its data."""
     root = f"/orderlymq/orderlymq/groups/{group}"
     with _zookeeper_client(connect_string) as client:
         nodes = {name: client.get(f"{root}/{name}")[0] for name in client.get_children(root)}
         nodes.update({f"members/{m}": client.get(f"{root}/members/{m}")[0]
                       for m in client.get_children(f"{root}/members")})
-    return nodes, nodes.get("state", b"")
+    return nodes
 
 
 def _raise_zxid(connect_string: str, above: int) -> None:
@@ -78,6 +78,24 @@ def _last_zxid(connect_string: str) -> int:
         return client.set("/probe", b"x").mzxid
 
 
+def _with_acknowledged_sends(group) -> History:
+    """A topic on ``group`` and 400 keyed sends, every one acknowledged."""
+    history = History()
+    with Admin(group.addresses) as admin:
+        admin.create_topic(TOPIC, QUEUES)
+    assert send_all(group.addresses, TOPIC, KEYS, history, 400) == []
+    return history
+
+
+def _elected_and_complete(group, history: History) -> tuple[int, Verdict]:
+    """Once ``group`` elected a master again: its epoch, and the strict checker's verdict on the
+    log after 200 more sends (all acknowledged)."""
+    elected = group.wait_for_master(timeout=120)
+    assert send_all(group.addresses, TOPIC, KEYS_AFTER, history, 200) == []
+    with BrokerConnection(group.addresses) as conn:
+        return group.health(elected).group_epoch, check(history.sends, stored_deliveries(conn, TOPIC))
+
+
 def _roles_during(group, seconds: float) -> list[list[str]]:
     """Every broker's role, asked in turn every 0.1 s for ``seconds``."""
     asked, deadline = [], time.monotonic() + seconds
@@ -90,10 +108,7 @@ def _roles_during(group, seconds: float) -> list[list[str]]:
 def test_a_zookeeper_that_lost_its_data_is_given_no_role_and_nothing_is_deleted(broker_group, zookeeper, tmp_path,
                                                                                 fault_report):
     group = broker_group(3)
-    history = History()
-    with Admin(group.addresses) as admin:
-        admin.create_topic(TOPIC, QUEUES)
-    assert send_all(group.addresses, TOPIC, KEYS, history, 400) == []
+    history = _with_acknowledged_sends(group)
     master = group.wait_for_master()
 
     data, saved = zookeeper.directory / "data", tmp_path / "zookeeper-data-saved"
@@ -104,7 +119,7 @@ def test_a_zookeeper_that_lost_its_data_is_given_no_role_and_nothing_is_deleted(
     master.start()  # let in with a new session, it finds no state of its group
     assert wait_until(lambda: _refusals(master), timeout=60), group.log_tails()
     roles_while_lost = _roles_during(group, 3.0)
-    created, _ = _children_and_state(zookeeper.connect_string, "group-a")
+    created = _group_nodes(zookeeper.connect_string, "group-a")
     assert not any(roles[group.brokers.index(master)] == "MASTER" for roles in roles_while_lost), roles_while_lost
     assert "state" not in created and "master" not in created, created
 
@@ -112,14 +127,11 @@ def test_a_zookeeper_that_lost_its_data_is_given_no_role_and_nothing_is_deleted(
     shutil.rmtree(data)
     shutil.move(saved, data)
     zookeeper.start()  # its data back: the group elects again
-    elected = group.wait_for_master(timeout=120)
-    assert send_all(group.addresses, TOPIC, KEYS_AFTER, history, 200) == []
-    with BrokerConnection(group.addresses) as conn:
-        log = check(history.sends, stored_deliveries(conn, TOPIC))
+    epoch_after, log = _elected_and_complete(group, history)
     fault_report("cluster: ZooKeeper lost its data, then had it back", {"log": log},
                  roles_while_lost=sorted({tuple(roles) for roles in roles_while_lost}),
                  created_while_lost=sorted(created),
-                 epoch_after=group.health(elected).group_epoch)
+                 epoch_after=epoch_after)
     assert log.ok, str(log)
 
 
@@ -128,10 +140,7 @@ def test_brokers_led_to_another_zookeeper_take_no_role_there_and_leave_its_group
                                                                                        fault_report):
     proxy = tcp_proxy(zookeeper.connect_string)
     group = broker_group(3, settings_of={i: {"zookeeper": proxy.address} for i in range(3)})
-    history = History()
-    with Admin(group.addresses) as admin:
-        admin.create_topic(TOPIC, QUEUES)
-    assert send_all(group.addresses, TOPIC, KEYS, history, 400) == []
+    history = _with_acknowledged_sends(group)
 
     with ZooKeeperServer(tmp_path / "other-zookeeper") as other_zookeeper:
         other = BrokerGroup(tmp_path / "other", other_zookeeper.connect_string, 2).start()
@@ -141,13 +150,13 @@ def test_brokers_led_to_another_zookeeper_take_no_role_there_and_leave_its_group
             other_master = other.wait_for_master()
             other.wait_in_sync_set(other.brokers[1])  # its state changes no more
             _raise_zxid(other_zookeeper.connect_string, _last_zxid(zookeeper.connect_string) + 1000)
-            before, other_state = _children_and_state(other_zookeeper.connect_string, "group-a")
+            before = _group_nodes(other_zookeeper.connect_string, "group-a")
             proxy.forward_to(other_zookeeper.connect_string)
             proxy.cut()
             proxy.heal()
             assert wait_until(lambda: all(_refusals(b, OTHERS) for b in group.brokers), timeout=60), group.log_tails()
             roles_while_led_away = _roles_during(group, 3.0)
-            after, _ = _children_and_state(other_zookeeper.connect_string, "group-a")
+            after = _group_nodes(other_zookeeper.connect_string, "group-a")
             other_epoch = other.health(other.wait_for_master()).group_epoch
             assert other.master() is other_master and other_epoch == 1, other.log_tails()
         finally:
@@ -163,11 +172,8 @@ def test_brokers_led_to_another_zookeeper_take_no_role_there_and_leave_its_group
     for broker in group.brokers:
         broker.kill9()
         broker.start()
-    elected = group.wait_for_master(timeout=120)
-    assert send_all(group.addresses, TOPIC, KEYS_AFTER, history, 200) == []
-    with BrokerConnection(group.addresses) as conn:
-        log = check(history.sends, stored_deliveries(conn, TOPIC))
+    epoch_after, log = _elected_and_complete(group, history)
     fault_report("cluster: brokers led to another ZooKeeper with a group of the same name", {"log": log},
                  roles_while_led_away=sorted({tuple(roles) for roles in roles_while_led_away}),
-                 other_group_state=other_state.decode(), epoch_after=group.health(elected).group_epoch)
+                 other_group_state=before["state"].decode(), epoch_after=epoch_after)
     assert log.ok, str(log)
